@@ -1,0 +1,66 @@
+"""Tiny random decoders shared by the tests (CPU, seconds)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, MistralConfig, Qwen2Config
+
+from t2mlr import T2MLRConfig, T2MLRForCausalLM
+
+VOCAB = 61
+
+
+def tiny_base_config(family: str = "llama", layers: int = 5, hidden: int = 32, **overrides):
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    common.update(overrides)
+    cls = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config}[family]
+    return cls(**common)
+
+
+def open_gates(model: T2MLRForCausalLM, cur: float = 0.6, rec: float = -0.9) -> T2MLRForCausalLM:
+    """Non-zero γ's so that the recurrence changes the output (at init Φ is the identity)."""
+    with torch.no_grad():
+        model.fusion.gamma_cur.fill_(cur)
+        model.fusion.gamma_rec.fill_(rec)
+        model.fusion.w_rec.weight.mul_(20.0)  # make R's contribution large enough to see
+    return model
+
+
+def tiny_model(
+    family: str = "llama",
+    l_start: int = 2,
+    l_end: int = 4,
+    dtype: torch.dtype = torch.float64,
+    gates: bool = True,
+    seed: int = 0,
+    base_overrides: dict | None = None,
+    **config_kwargs,
+) -> T2MLRForCausalLM:
+    torch.manual_seed(seed)
+    config = T2MLRConfig.from_base(
+        tiny_base_config(family, **(base_overrides or {})), l_start=l_start, l_end=l_end, **config_kwargs
+    )
+    model = T2MLRForCausalLM(config).to(dtype).eval()
+    return open_gates(model) if gates else model
+
+
+@pytest.fixture
+def model64() -> T2MLRForCausalLM:
+    return tiny_model()
+
+
+def random_ids(batch: int, length: int, seed: int = 1) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(3, VOCAB, (batch, length), generator=generator)

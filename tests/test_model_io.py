@@ -1,0 +1,93 @@
+"""Config validation, input errors, save/load and retrofitting."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import random_ids, tiny_base_config, tiny_model
+from transformers import AutoModelForCausalLM, GPT2Config, LlamaForCausalLM
+
+from t2mlr import T2MLRConfig, T2MLRForCausalLM
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(l_start=3, l_end=2), "l_start <= l_end"),
+        (dict(l_start=0, l_end=2), "1 <= l_start"),
+        (dict(l_start=2, l_end=6), "<= 5"),
+        (dict(l_start=2, l_end=3, d_forward=0), "d_forward must be >= 1"),
+        (dict(l_start=2, l_end=3, d_forward=2, d_backward=3), "d_backward"),
+        (dict(l_start=2, l_end=3, d_backward=0), "d_backward"),
+        (dict(l_start=2, l_end=3, train_recurrence="parallel"), "train_recurrence must be one of"),
+        (dict(l_start=2, l_end=3, eval_recurrence="fast"), "eval_recurrence must be one of"),
+        (dict(l_start=2, l_end=3, recurrence_mask_policy="some"), "recurrence_mask_policy"),
+        (dict(l_start=2.0, l_end=3), "must be an int"),
+    ],
+)
+def test_bad_config_values_raise_clear_errors(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        T2MLRConfig.from_base(tiny_base_config(), **kwargs)
+
+
+def test_unsupported_base_model_is_refused() -> None:
+    with pytest.raises(ValueError, match="cannot wrap base model type 'gpt2'"):
+        T2MLRConfig.from_base(GPT2Config(n_layer=2), l_start=1, l_end=1)
+
+
+def test_bad_inputs_raise_clear_errors(model64) -> None:
+    ids = random_ids(1, 6)
+    with pytest.raises(ValueError, match="integer tensor"):
+        model64(ids.float())
+    with pytest.raises(ValueError, match="max_position_embeddings=256"):
+        model64(random_ids(1, 257))
+    with pytest.raises(ValueError, match="token ids must lie in"):
+        model64(ids + 1000)
+    with pytest.raises(ValueError, match="attention_mask must be 2D"):
+        model64(ids, attention_mask=torch.ones(1, 5))
+    with pytest.raises(ValueError, match="recurrence must be one of"):
+        model64(ids, recurrence="fast")
+    with pytest.raises(ValueError, match="d_backward"):
+        model64(ids, recurrence="jacobi", d_forward=2, d_backward=5)
+    with pytest.raises(ValueError, match="recurrence_mask_policy='all'"):
+        model64(ids, recurrence_mask=torch.ones(1, 6, dtype=torch.bool))
+    with pytest.raises(ValueError, match="T2MLRCache"):
+        from transformers import DynamicCache
+
+        model64(ids, past_key_values=DynamicCache())
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_save_load_round_trip(tmp_path, tied: bool) -> None:
+    model = tiny_model(base_overrides=dict(tie_word_embeddings=tied), dtype=torch.float32)
+    ids = random_ids(2, 9)
+    with torch.no_grad():
+        expected = model(ids, recurrence="jacobi", d_forward=3, d_backward=1).logits
+    model.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").exists()
+    for loader in (T2MLRForCausalLM, AutoModelForCausalLM):
+        loaded = loader.from_pretrained(tmp_path).eval()
+        assert isinstance(loaded, T2MLRForCausalLM)
+        assert loaded.config.l_start == 2 and loaded.config.l_end == 4
+        with torch.no_grad():
+            got = loaded(ids, recurrence="jacobi", d_forward=3, d_backward=1).logits
+        assert torch.equal(got, expected), loader.__name__
+        if tied:
+            assert loaded.base.lm_head.weight.data_ptr() == loaded.base.model.embed_tokens.weight.data_ptr()
+
+
+def test_retrofit_from_model_and_from_path_keeps_base_logits(tmp_path) -> None:
+    torch.manual_seed(3)
+    base = LlamaForCausalLM(tiny_base_config()).eval()
+    ids = random_ids(2, 10)
+    with torch.no_grad():
+        expected = base(ids).logits.clone()
+    base.save_pretrained(tmp_path / "base")
+    from_path = T2MLRForCausalLM.from_base(str(tmp_path / "base"), l_start=2, l_end=3).eval()
+    from_object = T2MLRForCausalLM.from_base(base, l_start=2, l_end=3).eval()
+    for model in (from_path, from_object):
+        for path in ("exact", "jacobi", "off"):
+            with torch.no_grad():
+                got = model(ids, recurrence=path, d_forward=4, d_backward=1).logits
+            assert torch.allclose(got, expected, atol=1e-5, rtol=0), path
+    assert from_path.fusion.gamma_rec.item() == 0.0
