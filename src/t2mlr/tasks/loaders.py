@@ -1,0 +1,109 @@
+"""Loaders for the chain-of-thought finetuning sets, normalised to ``{prompt, target, answer}``.
+
+* GSM-Aug (Deng et al. 2023): a local JSON-lines file when ``path`` is given, otherwise the
+  Hugging Face hub (``whynlp/gsm8k-aug`` for the symbolic variant, ``whynlp/gsm8k-aug-nl`` for
+  natural language). Records need ``question`` (str), ``steps`` (list[str] or str) and
+  ``answer`` (str or number).
+* HotpotQA CoT: a local JSON-lines file (the authors generated it with a teacher model; it is
+  not on the hub). Records need ``question``, ``steps``, ``answer``; ``context`` (str, or a list
+  of str shown as "Document i: …" lines) is optional.
+
+Normalised record (all strings):
+
+* ``prompt``: the question (for HotpotQA followed by "\\nContext:\\n" and the documents), then "\\n"
+* ``target``: the steps, one per line, then "\\n#### " and the answer, so that
+  ``t2mlr.tasks.scoring.extract_gsm_answer`` recovers the answer from a generated target
+* ``answer``: the reference answer, stripped
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from t2mlr.tasks.jsonl import read_jsonl
+
+__all__ = ["GSM_AUG_HUB", "DataUnavailableError", "load_gsm_aug", "load_hotpotqa_cot", "normalise_cot_record"]
+
+GSM_AUG_HUB = {"symbolic": "whynlp/gsm8k-aug", "nl": "whynlp/gsm8k-aug-nl"}
+
+
+class DataUnavailableError(RuntimeError):
+    """Neither a local file nor the hub could provide the requested data."""
+
+
+def _steps_text(steps: Any, where: str) -> str:
+    """Steps as newline-separated text; a list or an already-joined string are both accepted."""
+    if isinstance(steps, str):
+        return steps.strip()
+    if isinstance(steps, Sequence) and all(isinstance(s, str) for s in steps):
+        return "\n".join(s.strip() for s in steps)
+    raise ValueError(f"{where}: 'steps' must be a string or a list of strings, got {type(steps).__name__}")
+
+
+def _context_text(context: Any, where: str) -> str:
+    """HotpotQA context as text; a list becomes numbered "Document i:" lines."""
+    if isinstance(context, str):
+        return context.strip()
+    if isinstance(context, Sequence) and all(isinstance(c, str) for c in context):
+        return "\n".join(f"Document {i}: {c.strip()}" for i, c in enumerate(context, start=1))
+    raise ValueError(f"{where}: 'context' must be a string or a list of strings, got {type(context).__name__}")
+
+
+def normalise_cot_record(record: Mapping[str, Any], where: str = "record") -> dict[str, str]:
+    """``{prompt, target, answer}`` from a question/steps/answer(/context) record."""
+    missing = [key for key in ("question", "steps", "answer") if key not in record]
+    if missing:
+        raise ValueError(f"{where}: missing field(s) {missing}; have {sorted(record)}")
+    question = str(record["question"]).strip()
+    answer = str(record["answer"]).strip()
+    prompt = question
+    if record.get("context"):
+        prompt += "\nContext:\n" + _context_text(record["context"], where)
+    steps = _steps_text(record["steps"], where)
+    target = (steps + "\n" if steps else "") + "#### " + answer
+    return {"prompt": prompt + "\n", "target": target, "answer": answer}
+
+
+def _normalise_all(records: Sequence[Mapping[str, Any]], source: str, limit: int | None) -> list[dict[str, str]]:
+    chosen = records if limit is None else records[:limit]
+    return [normalise_cot_record(r, f"{source} record {i}") for i, r in enumerate(chosen)]
+
+
+def _local_records(path: str | Path) -> list[dict[str, Any]]:
+    path = Path(path)
+    if not path.is_file():
+        raise DataUnavailableError(f"local data file not found: {path}")
+    return read_jsonl(path)
+
+
+def _hub_records(name: str, split: str) -> list[dict[str, Any]]:
+    """Load a hub dataset split; network and not-found failures become DataUnavailableError."""
+    import datasets  # imported here: it is slow to import and only this path needs it
+
+    try:
+        data = datasets.load_dataset(name, split=split)
+    except (OSError, ValueError) as err:  # ConnectionError, hub HTTP errors and DatasetNotFoundError are OSErrors
+        raise DataUnavailableError(
+            f"could not load {name!r} split {split!r} from the Hugging Face hub ({type(err).__name__}: {err}); "
+            "pass path=<local .jsonl with question/steps/answer> instead"
+        ) from err
+    return [dict(row) for row in data]
+
+
+def load_gsm_aug(
+    path: str | Path | None = None, split: str = "train", variant: str = "symbolic", limit: int | None = None
+) -> list[dict[str, str]]:
+    """GSM-Aug records, from ``path`` (JSON lines) if given, else from the hub."""
+    if variant not in GSM_AUG_HUB:
+        raise ValueError(f"variant must be one of {sorted(GSM_AUG_HUB)}, got {variant!r}")
+    if path is not None:
+        return _normalise_all(_local_records(path), str(path), limit)
+    name = GSM_AUG_HUB[variant]
+    return _normalise_all(_hub_records(name, split), name, limit)
+
+
+def load_hotpotqa_cot(path: str | Path, limit: int | None = None) -> list[dict[str, str]]:
+    """HotpotQA chain-of-thought records from a local JSON-lines file."""
+    return _normalise_all(_local_records(path), str(path), limit)

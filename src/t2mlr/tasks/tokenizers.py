@@ -1,0 +1,145 @@
+"""Word-level tokenizers (one token per task symbol) as ``transformers`` fast tokenizers.
+
+Each tokenizer is a ``tokenizers.Tokenizer`` with a ``WordLevel`` model, wrapped in
+``transformers.PreTrainedTokenizerFast`` so it saves/loads with ``save_pretrained`` /
+``AutoTokenizer.from_pretrained`` and works with ``generate()`` (pad/bos/eos ids are set).
+
+Splitting text into symbols:
+
+* default (``split_pattern=None``): greedy longest match against the vocabulary, scanning left
+  to right; a character that starts no vocabulary symbol becomes one ``<unk>``; whitespace that
+  is not itself a vocabulary symbol is dropped. For S5 this turns
+  ``"<A_32514>F4Nd|<A_54213>____"`` into ``<A_32514> F 4 N d | <A_54213> _ _ _ _``.
+* with ``split_pattern``: the regex's matches are the symbols (everything else is dropped).
+
+The decoder concatenates the symbols with nothing in between, so ``decode(encode(s)) == s``
+for any string made of vocabulary symbols (the canonical form of a sample).
+
+Vocabulary ids: ``<pad>`` 0, ``<bos>`` 1, ``<eos>`` 2, ``<unk>`` 3, then the task symbols in the
+order given. No BOS/EOS is added automatically.
+
+Label alignment for S5-Retrieval (``encode_s5_sample``): it is a transduction task, so
+``labels[t]`` is the target symbol *at position t* and must be predicted from the logits *at
+position t* (the model has seen inputs 0..t). Labels are therefore NOT shifted: a loss must
+compare ``logits[:, t]`` with ``labels[:, t]`` directly. Do not pass these labels to a Hugging
+Face causal-LM ``forward(labels=...)``, which shifts labels by one internally. Positions outside
+the scored part (the dictionary and the delimiter) have label -100.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from t2mlr.tasks.s5 import ALL_TOKENS
+from t2mlr.tasks.s5_retrieval import BLANK, DEFAULT_ALPHABET, DELIMITER, validate_alphabet
+
+__all__ = [
+    "BOS",
+    "EOS",
+    "IGNORE_INDEX",
+    "PAD",
+    "SPECIAL_TOKENS",
+    "UNK",
+    "WORD_PATTERN",
+    "build_s5_tokenizer",
+    "build_word_tokenizer",
+    "encode_s5_sample",
+    "word_vocab_from_texts",
+]
+
+PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
+SPECIAL_TOKENS: tuple[str, ...] = (PAD, BOS, EOS, UNK)
+IGNORE_INDEX = -100
+# Angle-bracket symbols, ASCII words, single whitespace characters, single punctuation marks.
+# Written with explicit ASCII classes so Python's ``re`` and Oniguruma agree on it.
+WORD_PATTERN = r"<[^<>\s]+>|[A-Za-z0-9_]+|\s|[^A-Za-z0-9_\s]"
+
+
+def _onig_escape(symbol: str) -> str:
+    """Escape a literal for Oniguruma: alphanumerics as is, everything else as ``\\x{HEX}``."""
+    return "".join(c if c.isascii() and c.isalnum() else f"\\x{{{ord(c):X}}}" for c in symbol)
+
+
+def _longest_match_pattern(symbols: Sequence[str]) -> str:
+    """Alternation tried longest first (Oniguruma takes the first alternative that matches)."""
+    ordered = sorted(symbols, key=len, reverse=True)
+    return "|".join(_onig_escape(s) for s in ordered) + r"|\S"
+
+
+def _checked_vocab(vocab_tokens: Iterable[str]) -> list[str]:
+    """Task symbols in first-seen order; specials and empty strings are rejected."""
+    symbols = list(dict.fromkeys(vocab_tokens))
+    if not symbols:
+        raise ValueError("vocab_tokens is empty")
+    for s in symbols:
+        if not isinstance(s, str) or not s:
+            raise ValueError(f"vocabulary symbols must be non-empty strings, got {s!r}")
+        if s in SPECIAL_TOKENS:
+            raise ValueError(f"{s!r} is a reserved special token; do not list it in vocab_tokens")
+    return symbols
+
+
+def build_word_tokenizer(vocab_tokens: Iterable[str], split_pattern: str | None = None) -> PreTrainedTokenizerFast:
+    """A fast word-level tokenizer whose vocabulary is the specials plus ``vocab_tokens``."""
+    symbols = _checked_vocab(vocab_tokens)
+    vocab = {tok: i for i, tok in enumerate([*SPECIAL_TOKENS, *symbols])}
+    pattern = _longest_match_pattern(symbols) if split_pattern is None else split_pattern
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex(pattern), behavior="removed", invert=True)
+    core.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token=PAD, bos_token=BOS, eos_token=EOS, unk_token=UNK
+    )
+
+
+def word_vocab_from_texts(texts: Iterable[str], pattern: str = WORD_PATTERN) -> list[str]:
+    """Distinct symbols of ``texts`` under ``pattern``, sorted, for ``build_word_tokenizer``."""
+    regex = re.compile(pattern)
+    found: set[str] = set()
+    for text in texts:
+        found.update(regex.findall(text))
+    return sorted(found - set(SPECIAL_TOKENS))
+
+
+def build_s5_tokenizer(k: int = 4, alphabet: str = DEFAULT_ALPHABET) -> PreTrainedTokenizerFast:
+    """Vocabulary: specials, ``|``, the blank ``_``, the alphabet, then the 120 ``<A_…>`` tokens.
+
+    The vocabulary does not depend on ``k``; it is validated so a bad config fails here too.
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    validate_alphabet(alphabet)
+    return build_word_tokenizer([DELIMITER, BLANK, *alphabet, *ALL_TOKENS])
+
+
+def _ids_of(tokenizer: PreTrainedTokenizerFast, tokens: Sequence[str], what: str) -> list[int]:
+    """Map symbols to ids, refusing symbols the tokenizer does not know."""
+    ids = tokenizer.convert_tokens_to_ids(list(tokens))
+    unk = tokenizer.unk_token_id
+    unknown = sorted({t for t, i in zip(tokens, ids) if i is None or (i == unk and t != UNK)})
+    if unknown:
+        raise ValueError(f"{what} has symbols missing from the tokenizer vocabulary: {unknown[:10]}")
+    return ids
+
+
+def encode_s5_sample(tokenizer: PreTrainedTokenizerFast, sample: Mapping[str, Any]) -> dict[str, list[int]]:
+    """``input_ids``, aligned (unshifted) ``labels`` and ``attention_mask`` for one sample.
+
+    ``labels[t]`` = id of ``target_tokens[t]`` for ``t >= score_start``, else -100; see the
+    module docstring for why the labels are not shifted.
+    """
+    inputs, targets = sample["input_tokens"], sample["target_tokens"]
+    if len(inputs) != len(targets):
+        raise ValueError(f"input and target lengths differ: {len(inputs)} vs {len(targets)}")
+    score_start = int(sample["score_start"])
+    if not (0 < score_start <= len(inputs)):
+        raise ValueError(f"score_start={score_start} outside 1..{len(inputs)}")
+    input_ids = _ids_of(tokenizer, inputs, "input_tokens")
+    target_ids = _ids_of(tokenizer, targets, "target_tokens")
+    labels = [IGNORE_INDEX] * score_start + target_ids[score_start:]
+    return {"input_ids": input_ids, "labels": labels, "attention_mask": [1] * len(input_ids)}

@@ -1,0 +1,154 @@
+"""Variable assignment (a "reasoning primitive" of Saunshi et al. 2024), made deeper (depth 5).
+
+A sample lists constant assignments (``c=8``) and then chains of variable-to-variable
+assignments (``x=c``, ``y=x``, ``z=y``); the question asks for the digit of the last variable
+of one chain. **Depth** is the number of variable-to-variable hops from the queried variable
+back to its constant (the paper's example, ``z=y, y=x, x=c, c=8``, has depth 3).
+
+Construction (all from a seeded ``random.Random``):
+
+* ``num_constants`` distinct variables get distinct digits, so different chains end in
+  different answers.
+* The queried chain starts at a random constant and has ``depth`` hops; each of the
+  ``num_distractors`` distractor chains also has ``depth`` hops (chain length is no cue) and,
+  when possible, starts at a different constant from the queried chain.
+* Variables are distinct lowercase letters, so ``num_constants + depth·(1 + num_distractors)``
+  must be at most 26; no variable is assigned twice.
+* Lines: the constants first (shuffled), then the chains' assignments interleaved at random,
+  each chain kept in order (a variable is defined before it is used).
+
+Prompt format (the paper's data-example table)::
+
+    Variable assignment. Follow the assignments and fill in the blank.
+    a=5
+    ...
+    z=___
+    Answer: |
+
+and the target is the answer digit, to be generated right after ``|``.
+
+JSONL schema: ``prompt`` (str), ``target`` (str, the text to generate: the digit), ``answer``
+(str, the digit), ``query`` (str, the variable asked for), ``depth`` (int), ``assignments``
+(list of ``[lhs, rhs]`` pairs in prompt order).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import string
+from typing import Any
+
+from t2mlr.tasks.jsonl import read_jsonl, write_jsonl
+
+__all__ = [
+    "HEADER",
+    "generate_variable_assignment",
+    "read_jsonl",
+    "solve_variable_assignment",
+    "write_jsonl",
+]
+
+HEADER = "Variable assignment. Follow the assignments and fill in the blank."
+_LINE = re.compile(r"([a-z])=([a-z0-9])")
+_QUERY = re.compile(r"([a-z])=___")
+
+
+def _validate(depth: int, num_constants: int, num_distractors: int) -> None:
+    """Refuse configurations that cannot be built with distinct letters and digits."""
+    if depth < 0 or num_distractors < 0:
+        raise ValueError(f"depth and num_distractors must be >= 0, got {depth}, {num_distractors}")
+    if not (1 <= num_constants <= 10):
+        raise ValueError(f"num_constants must be in 1..10 (distinct digits), got {num_constants}")
+    needed = num_constants + depth * (1 + num_distractors)
+    if needed > len(string.ascii_lowercase):
+        raise ValueError(f"needs {needed} distinct variables but only 26 letters exist")
+
+
+def _interleave(rng: random.Random, chains: list[list[tuple[str, str]]]) -> list[tuple[str, str]]:
+    """Random merge of the chains that keeps each chain's own order."""
+    queues = [list(c) for c in chains if c]
+    merged: list[tuple[str, str]] = []
+    while queues:
+        i = rng.randrange(len(queues))
+        merged.append(queues[i].pop(0))
+        if not queues[i]:
+            queues.pop(i)
+    return merged
+
+
+def _make_sample(rng: random.Random, depth: int, num_constants: int, num_distractors: int) -> dict[str, Any]:
+    letters = rng.sample(string.ascii_lowercase, num_constants + depth * (1 + num_distractors))
+    constants = letters[:num_constants]
+    free = iter(letters[num_constants:])
+    digits = rng.sample(string.digits, num_constants)
+    value = dict(zip(constants, digits))
+
+    query_root = rng.choice(constants)
+    other_roots = [c for c in constants if c != query_root] or [query_root]
+    roots = [query_root] + [rng.choice(other_roots) for _ in range(num_distractors)]
+    chains: list[list[tuple[str, str]]] = []
+    ends: list[str] = []
+    for root in roots:
+        chain, prev = [], root
+        for _ in range(depth):
+            var = next(free)
+            chain.append((var, prev))
+            prev = var
+        chains.append(chain)
+        ends.append(prev)
+
+    const_lines = [(c, value[c]) for c in constants]
+    rng.shuffle(const_lines)
+    assignments = const_lines + _interleave(rng, chains)
+    query = ends[0]
+    body = "\n".join(f"{lhs}={rhs}" for lhs, rhs in assignments)
+    prompt = f"{HEADER}\n{body}\n{query}=___\nAnswer: |"
+    answer = value[query_root]
+    return {
+        "prompt": prompt,
+        "target": answer,
+        "answer": answer,
+        "query": query,
+        "depth": depth,
+        "assignments": [list(a) for a in assignments],
+    }
+
+
+def generate_variable_assignment(
+    num_samples: int,
+    depth: int = 5,
+    num_constants: int = 3,
+    num_distractors: int = 2,
+    seed: int = 0,
+    stream: str = "train",
+) -> list[dict[str, Any]]:
+    """``num_samples`` samples, deterministic in (seed, stream); see the module docstring."""
+    if num_samples < 0:
+        raise ValueError(f"num_samples must be >= 0, got {num_samples}")
+    _validate(depth, num_constants, num_distractors)
+    rng = random.Random(f"t2mlr/variable-assignment/{stream}/{seed}")
+    return [_make_sample(rng, depth, num_constants, num_distractors) for _ in range(num_samples)]
+
+
+def solve_variable_assignment(prompt: str) -> str:
+    """Answer a prompt by parsing it and following assignments (independent of the generator)."""
+    table: dict[str, str] = {}
+    query: str | None = None
+    for line in prompt.splitlines():
+        line = line.strip()
+        if m := _QUERY.fullmatch(line):
+            query = m.group(1)
+        elif m := _LINE.fullmatch(line):
+            table[m.group(1)] = m.group(2)
+    if query is None:
+        raise ValueError("prompt has no query line like 'z=___'")
+    current, seen = query, set()
+    while not current.isdigit():
+        if current in seen:
+            raise ValueError(f"assignment cycle through {current!r}")
+        if current not in table:
+            raise ValueError(f"variable {current!r} is never assigned")
+        seen.add(current)
+        current = table[current]
+    return current
