@@ -490,7 +490,9 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, GenerationMixin):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Blocks l_start..l_end token by token with a KV cache; returns their outputs and R after each token."""
         cache = inputs.cache if inputs.cache is not None else DynamicCache()
-        chunk_offsets = {i: self._chunk_kv_offset(inputs.cache, i) for i in self.middle_layer_indices()}
+        decode_step = h_low.shape[1] == 1  # the chunk's own masks are already the step's masks
+        middle = self.middle_layer_indices()
+        chunk_offsets = {} if decode_step else {i: self._chunk_kv_offset(inputs.cache, i) for i in middle}
         cos, sin = inputs.position_embeddings
         outputs, states = [], []
         state = first
@@ -498,10 +500,12 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, GenerationMixin):
             r_read = self._read_state(state, layout.document_start[:, t])
             step_mask = None if recurrence_mask is None else recurrence_mask[:, t : t + 1]
             hidden = self._fuse(h_low[:, t : t + 1], r_read[:, None], step_mask)
-            for i in self.middle_layer_indices():
+            for i in middle:
                 hidden = self.layers[i](
                     hidden,
-                    attention_mask=self._step_mask(inputs.masks[i], t, cache, i, chunk_offsets[i]),
+                    attention_mask=inputs.masks[i]
+                    if decode_step
+                    else self._step_mask(inputs.masks[i], t, cache, i, chunk_offsets[i]),
                     position_ids=inputs.position_ids[:, t : t + 1],
                     past_key_values=cache,
                     use_cache=True,
