@@ -1,0 +1,303 @@
+"""Training-step overhead of T²MLR (Jacobi, d_forward 16 / d_backward 4) over the plain Transformer.
+
+One step = forward + backward + gradient clipping + AdamW, as in the trainer. Three variants share
+one base model's weights and shape:
+
+    transformer   the base LlamaForCausalLM, no recurrence module
+    t2mlr-fixed   T²MLR(l_start, l_end), Jacobi with all d_forward iterations
+    t2mlr-tol     the same with early stopping of the detached Jacobi iterations (--tol)
+
+Timing: `--repeats` rounds; each round runs every variant once (order rotated per round), so the
+variants see the same machine conditions. Reported: median step time per variant, and the median
+of per-round ratios against the transformer. The paper reports 2.24× for (13,18) at d_forward 16.
+
+Memory: on CUDA, torch.cuda.max_memory_allocated during one step above what was allocated before
+it, plus the variant's resident weights and AdamW state. On CPU there is no allocator peak counter,
+so each variant runs in a fresh subprocess and a thread samples the resident set size (RSS) during a
+step; the peak above the pre-step RSS plus the resident weights and AdamW state is reported (a
+coarser measure, labelled as such in the output).
+
+A fresh model has γ = 0, where Φ is the identity and every Jacobi iterate is identical, which
+would make early stopping look free. The gates are therefore set to γ_cur = -0.5, γ_rec = 0.5
+(the signs trained models end with, SPEC §6) before measuring.
+
+    python benchmarks/train_overhead.py                 # CPU, scaled down: 30 blocks, hidden 128, seq 256
+    python benchmarks/train_overhead.py --gpu           # full SmolLM2-135M shape, seq 2048, bf16 autocast
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import subprocess
+import threading
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from t2mlr import T2MLRForCausalLM  # noqa: E402
+from t2mlr.training.config import OptimConfig  # noqa: E402
+from t2mlr.training.optim import build_optimizer  # noqa: E402
+
+VARIANTS = ("transformer", "t2mlr-fixed", "t2mlr-tol")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--gpu", action="store_true", help="CUDA, full SmolLM2-135M shape, seq 2048, bf16 autocast")
+    p.add_argument("--layers", type=int, default=30)
+    p.add_argument("--hidden", type=int, default=None, help="default: 576 with --gpu, else 128")
+    p.add_argument("--seq", type=int, default=None, help="default: 2048 with --gpu, else 256")
+    p.add_argument("--batch", type=int, default=None, help="sequences per step; default: 8 with --gpu, else 2")
+    p.add_argument("--l-start", type=int, default=13)
+    p.add_argument("--l-end", type=int, default=18)
+    p.add_argument("--d-forward", type=int, default=16)
+    p.add_argument("--d-backward", type=int, default=4)
+    p.add_argument("--tol", type=float, default=1e-3, help="jacobi_tol of the early-stopping variant")
+    p.add_argument("--repeats", type=int, default=5, help="paired timing rounds")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps per variant first")
+    p.add_argument("--activation-checkpointing", action="store_true", help="checkpoint the middle block")
+    p.add_argument("--json", type=Path, default=None, help="also write the results here")
+    p.add_argument("--memory-child", choices=VARIANTS, default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    args.hidden = args.hidden or (576 if args.gpu else 128)
+    args.seq = args.seq or (2048 if args.gpu else 256)
+    args.batch = args.batch or (8 if args.gpu else 2)
+    return args
+
+
+def base_config(args: argparse.Namespace) -> Any:
+    """SmolLM2-135M's shape (scaled by --hidden; head dim 64, 3:1 grouped-query attention)."""
+    from transformers import LlamaConfig
+
+    heads = max(1, args.hidden // 64)
+    kv_heads = max(1, heads // 3) if heads % 3 == 0 else heads
+    return LlamaConfig(
+        vocab_size=49152 if args.gpu else 4096, hidden_size=args.hidden, intermediate_size=args.hidden * 8 // 3,
+        num_hidden_layers=args.layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+        max_position_embeddings=max(2048, args.seq), rope_theta=100000.0, tie_word_embeddings=True,
+    )
+
+
+@dataclass
+class Variant:
+    name: str
+    model: nn.Module
+    kwargs: dict[str, Any]
+    optimizer: torch.optim.Optimizer | None = None
+
+
+def build_variant(name: str, args: argparse.Namespace, device: torch.device) -> Variant:
+    """Every variant starts from the same base weights (seeded), so the comparison is like for like."""
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    base = LlamaForCausalLM(base_config(args))
+    if name == "transformer":
+        model, kwargs = base, {}
+    else:
+        model = T2MLRForCausalLM.from_base(copy.deepcopy(base), args.l_start, args.l_end,
+                                           d_forward=args.d_forward, d_backward=args.d_backward)
+        with torch.no_grad():
+            model.fusion.gamma_cur.fill_(-0.5)
+            model.fusion.gamma_rec.fill_(0.5)
+        if args.activation_checkpointing:
+            model.set_middle_checkpointing(True)
+        kwargs = {"recurrence": "jacobi", "jacobi_tol": args.tol if name == "t2mlr-tol" else None}
+    model.to(device).train()
+    optimizer = build_optimizer(model, OptimConfig(lr=1e-4, betas=(0.9, 0.98), weight_decay=0.01))
+    return Variant(name, model, kwargs, optimizer)
+
+
+def make_batch(args: argparse.Namespace, device: torch.device) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    vocab = 49152 if args.gpu else 4096
+    ids = torch.randint(0, vocab, (args.batch, args.seq), generator=generator)
+    return {"input_ids": ids.to(device), "labels": ids.to(device)}
+
+
+def train_step(variant: Variant, batch: dict[str, torch.Tensor], device: torch.device) -> tuple[float, int | None]:
+    """Seconds for forward + backward + clip + AdamW, and the Jacobi iterations run (None if none)."""
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+    _sync(device)
+    start = time.perf_counter()
+    with autocast:
+        out = variant.model(**batch, **variant.kwargs)
+    out.loss.backward()
+    torch.nn.utils.clip_grad_norm_(variant.model.parameters(), 1.0)
+    variant.optimizer.step()
+    variant.optimizer.zero_grad(set_to_none=True)
+    _sync(device)
+    return time.perf_counter() - start, getattr(out, "jacobi_iterations", None)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_paired(variants: list[Variant], batch: dict[str, torch.Tensor], args: argparse.Namespace,
+                device: torch.device) -> dict[str, Any]:
+    for variant in variants:
+        for _ in range(args.warmup):
+            train_step(variant, batch, device)
+    times: dict[str, list[float]] = {v.name: [] for v in variants}
+    iterations: dict[str, list[int]] = {v.name: [] for v in variants}
+    for round_index in range(args.repeats):
+        shift = round_index % len(variants)
+        for variant in variants[shift:] + variants[:shift]:
+            seconds, its = train_step(variant, batch, device)
+            times[variant.name].append(seconds)
+            if its is not None:
+                iterations[variant.name].append(its)
+    base = times["transformer"]
+    result: dict[str, Any] = {}
+    for name, values in times.items():
+        ratios = [t / b for t, b in zip(values, base)]
+        result[name] = {
+            "median_step_s": statistics.median(values),
+            "median_ratio_vs_transformer": statistics.median(ratios),
+            "jacobi_iterations": statistics.mean(iterations[name]) if iterations[name] else None,
+        }
+    return result
+
+
+def resident_bytes(variant: Variant) -> int:
+    """Weights + AdamW state (gradients are freed between steps)."""
+    total = sum(p.numel() * p.element_size() for p in variant.model.parameters())
+    for state in variant.optimizer.state.values():
+        total += sum(t.numel() * t.element_size() for t in state.values() if torch.is_tensor(t))
+    return total
+
+
+def cuda_memory(variant: Variant, batch: dict[str, torch.Tensor], device: torch.device) -> int:
+    """Peak bytes of one step above what is resident, plus this variant's resident bytes."""
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    train_step(variant, batch, device)
+    return torch.cuda.max_memory_allocated(device) - before + resident_bytes(variant)
+
+
+class RssSampler:
+    """Samples this process's resident set size in a thread (torch releases the GIL inside ops)."""
+
+    def __init__(self, interval_s: float = 0.0005) -> None:
+        self.interval_s = interval_s
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def current() -> int:
+        with open("/proc/self/statm", encoding="ascii") as handle:
+            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.current())
+            time.sleep(self.interval_s)
+
+    def __enter__(self) -> "RssSampler":
+        self.peak = self.current()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.current())
+
+
+def cpu_memory_child(name: str, args: argparse.Namespace) -> None:
+    """Runs in a fresh process: print sampled peak RSS of one (second) step above the RSS before it,
+    plus the variant's resident weights and AdamW state. The parent sets MALLOC_MMAP_THRESHOLD_ so
+    large tensors are mmapped and returned on free, which makes RSS follow live tensors."""
+    device = torch.device("cpu")
+    variant = build_variant(name, args, device)
+    batch = make_batch(args, device)
+    train_step(variant, batch, device)  # allocates the AdamW state
+    before = RssSampler.current()
+    with RssSampler() as sampler:
+        train_step(variant, batch, device)
+    print(json.dumps({"bytes": sampler.peak - before + resident_bytes(variant)}))
+
+
+def cpu_memory(name: str, argv: list[str]) -> int:
+    cmd = [sys.executable, __file__, *argv, "--memory-child", name]
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
+    return int(json.loads(done.stdout.strip().splitlines()[-1])["bytes"])
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    if args.memory_child:
+        cpu_memory_child(args.memory_child, args)
+        return
+    if args.gpu and not torch.cuda.is_available():
+        raise SystemExit("--gpu given but CUDA is not available")
+    device = torch.device("cuda") if args.gpu else torch.device("cpu")
+    print(f"device {device}; {args.layers} blocks, hidden {args.hidden}, seq {args.seq}, batch {args.batch}; "
+          f"T²MLR({args.l_start},{args.l_end}) d_forward {args.d_forward}, d_backward {args.d_backward}, "
+          f"early-stop tol {args.tol}; activation checkpointing {args.activation_checkpointing}; "
+          f"{'bf16 autocast' if args.gpu else 'fp32'}; gates set to γ_cur=-0.5, γ_rec=0.5")
+    variants = [build_variant(name, args, device) for name in VARIANTS]
+    batch = make_batch(args, device)
+    timing = time_paired(variants, batch, args, device)
+    if device.type == "cuda":
+        memory = {v.name: cuda_memory(v, batch, device) for v in variants}
+        memory_kind = "CUDA max_memory_allocated in a step + resident weights/AdamW state"
+    else:
+        del variants
+        memory = {name: cpu_memory(name, _without_json(argv)) for name in VARIANTS}
+        memory_kind = ("CPU: sampled peak RSS of a step above the RSS before it + resident weights/AdamW state, "
+                       "fresh subprocess per variant (coarser than CUDA's counter)")
+    report(timing, memory, memory_kind, args)
+
+
+def _without_json(argv: list[str]) -> list[str]:
+    """The child processes get the same shape arguments but must not write the report."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--json":
+            skip = True
+        elif not arg.startswith("--json="):
+            out.append(arg)
+    return out
+
+
+def report(timing: dict[str, Any], memory: dict[str, int], memory_kind: str, args: argparse.Namespace) -> None:
+    print(f"\n{'variant':<14}{'median step (s)':>17}{'ratio (median of pairs)':>26}{'jacobi its':>12}"
+          f"{'memory (MiB)':>14}{'mem ratio':>11}")
+    for name in VARIANTS:
+        t = timing[name]
+        its = "-" if t["jacobi_iterations"] is None else f"{t['jacobi_iterations']:.1f}"
+        mem_ratio = memory[name] / memory["transformer"] if memory["transformer"] > 0 else float("nan")
+        print(f"{name:<14}{t['median_step_s']:>17.4f}{t['median_ratio_vs_transformer']:>26.2f}{its:>12}"
+              f"{memory[name] / 2**20:>14.1f}{mem_ratio:>11.2f}")
+    print(f"memory measure: {memory_kind}")
+    fixed = timing["t2mlr-fixed"]["median_ratio_vs_transformer"]
+    verdict = "within" if fixed <= 2.24 else "above"
+    print(f"fixed-depth step-time ratio {fixed:.2f}× is {verdict} the 2.24× target (paper, (13,18), d_forward 16)")
+    if args.json:
+        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "timing": timing,
+                                         "memory_bytes": memory, "memory_kind": memory_kind}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

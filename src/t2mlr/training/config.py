@@ -1,0 +1,416 @@
+"""Typed training configuration, loaded from YAML with dotted `key=value` overrides.
+
+Every section is a dataclass so a typo (`optim.lrr=1e-3`) fails before any compute is spent, with
+the valid keys in the message. Values are coerced to the declared field types, which also fixes
+YAML's habit of reading `5e-4` (no dot) as a string.
+
+A YAML file may start with `extends: other.yaml` (a path relative to the file): the other file is
+loaded first and this file's keys are merged into it, so the four paper placements share one preset.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+
+RecurrencePath = Literal["exact", "jacobi", "off"]
+PRESET_DIRS = (
+    Path(__file__).resolve().parents[3] / "configs",  # repository checkout: <repo>/configs
+)
+
+
+class ConfigError(ValueError):
+    """A configuration file or override names an unknown key or holds a value of the wrong type."""
+
+
+@dataclass
+class ModelConfig:
+    """What to train: a T²MLR wrapper (or the plain base model as a baseline) around a HF decoder.
+
+    Exactly one of `base` (a transformers config dict with `model_type`, trained from scratch) or
+    `pretrained` (hub id or local path, retrofitted: its weights are loaded into the wrapped model).
+    """
+
+    arch: Literal["t2mlr", "transformer"] = "t2mlr"
+    base: dict[str, Any] | None = None
+    pretrained: str | None = None
+    l_start: int = 1
+    l_end: int = 1
+    d_forward: int = 16
+    d_backward: int = 4
+    train_recurrence: RecurrencePath = "jacobi"
+    eval_recurrence: RecurrencePath = "exact"
+    jacobi_tol: float | None = None
+    activation_checkpointing: bool = False
+    init_from: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class DataConfig:
+    """Where training sequences come from.
+
+    source: "jsonl" (a file of {"input_ids": [...]} or {"text": ...} lines, packed to seq_len),
+    "tokens" (a memory-mapped .npy token stream, documents separated by eos_token_id: pretraining scale),
+    "synthetic" (built-in learnable sequences, for smoke runs and tests), or "factory"
+    (`factory: "package.module:function"` called with `kwargs`, returning a map-style Dataset).
+    eos_token_id overrides the tokenizer's end-of-text id (needed for a bare tokenizer.json).
+    """
+
+    source: Literal["jsonl", "tokens", "synthetic", "factory"] = "jsonl"
+    path: str | None = None
+    tokenizer: str | None = None
+    seq_len: int = 2048
+    text_field: str = "text"
+    ids_field: str = "input_ids"
+    append_eos: bool = True
+    eos_token_id: int | None = None
+    factory: str | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    labels_aligned_to_inputs: bool | None = None
+    pad_token_id: int = 0
+    seed: int = 0
+    num_workers: int = 0
+
+
+@dataclass
+class OptimConfig:
+    """AdamW; γ's, norms and biases never decay; fusion parameters may use a multiplied lr."""
+
+    lr: float = 5e-4
+    betas: tuple[float, float] = (0.9, 0.98)
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+    fusion_lr_mult: float = 1.0
+    grad_clip: float | None = 1.0
+
+
+@dataclass
+class ScheduleConfig:
+    """Linear warmup, then cosine (or linear, or constant) decay to `min_lr_ratio` × peak.
+
+    total_steps sets the schedule's horizon; None means train.max_steps. Set it explicitly when
+    you stop early with --max-steps and want the run's schedule unchanged.
+    """
+
+    kind: Literal["cosine", "linear", "constant"] = "cosine"
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.001
+    total_steps: int | None = None
+
+
+@dataclass
+class TrainLoopConfig:
+    """Loop settings. The global batch is fixed; accumulation = global / (micro × world size)."""
+
+    max_steps: int = 1000
+    global_batch_size: int = 8
+    micro_batch_size: int = 8
+    seed: int = 0
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    precision: Literal["auto", "bf16", "fp32"] = "auto"
+    parallel: Literal["none", "ddp", "fsdp"] = "none"
+
+
+@dataclass
+class EvalConfig:
+    """Periodic evaluation; `recurrence` None means model.eval_recurrence (logged explicitly).
+
+    The eval set is the first `max_batches × batch_size` rows of eval.data whatever the number of
+    ranks: `batch_size` is global and split evenly across ranks.
+    """
+
+    every: int = 0
+    max_batches: int = 8
+    batch_size: int = 8
+    recurrence: RecurrencePath | None = None
+    data: DataConfig | None = None
+
+
+@dataclass
+class CheckpointConfig:
+    """Atomic checkpoints every `every` steps (0: only at the end); keep the newest `keep_last`."""
+
+    every: int = 0
+    keep_last: int | None = 3
+    save_final: bool = True
+
+
+@dataclass
+class LoggingConfig:
+    every: int = 1
+    progress_bar: bool = True
+    tensorboard: bool = False
+
+
+@dataclass
+class TrainConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    train: TrainLoopConfig = field(default_factory=TrainLoopConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_plain(self)
+
+    def horizon(self) -> int:
+        """Number of steps the LR schedule spans."""
+        return self.schedule.total_steps if self.schedule.total_steps is not None else self.train.max_steps
+
+
+# ---------------------------------------------------------------------------------------------
+# Building dataclasses from plain data, with type coercion
+
+
+def to_plain(obj: Any) -> Any:
+    """Dataclasses → dicts, tuples → lists: the form written to YAML and compared on resume."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [to_plain(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_plain(v) for k, v in obj.items()}
+    return obj
+
+
+def from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
+    """Build dataclass `cls` from `data`, rejecting unknown keys and coercing values to field types."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where or 'config'}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in data:
+        if key not in names:
+            raise ConfigError(_unknown_key_message(f"{where}{key}", key, names))
+    kwargs = {key: _coerce(value, hints[key], f"{where}{key}") for key, value in data.items()}
+    return cls(**kwargs)
+
+
+def _unknown_key_message(dotted: str, key: str, names: list[str]) -> str:
+    close = difflib.get_close_matches(key, names, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return f"unknown config key {dotted!r}.{hint} Valid keys here: {', '.join(names)}"
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Coerce one value to type `tp` (the subset of typing this schema uses)."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (Union, types.UnionType):
+        return _coerce_union(value, args, where)
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{where}: must be one of {list(args)}, got {value!r}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        return value if isinstance(value, tp) else from_dict(tp, value, where + ".")
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)) or len(value) != len(args):
+            raise ConfigError(f"{where}: expected a list of {len(args)} values, got {value!r}")
+        return tuple(_coerce(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+        return dict(value)
+    return _coerce_scalar(value, tp, where)
+
+
+def _coerce_union(value: Any, args: tuple[Any, ...], where: str) -> Any:
+    if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+        if type(None) in args:
+            return None
+        raise ConfigError(f"{where}: may not be null")
+    errors = []
+    for arg in args:
+        if arg is type(None):
+            continue
+        try:
+            return _coerce(value, arg, where)
+        except ConfigError as err:
+            errors.append(str(err))
+    raise ConfigError("; ".join(errors))
+
+
+def _coerce_scalar(value: Any, tp: Any, where: str) -> Any:
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
+            return value.lower() in ("true", "yes", "1")
+        raise ConfigError(f"{where}: expected a bool, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise ConfigError(f"{where}: expected an int, got {value!r}")
+        try:
+            return int(value)
+        except ValueError as err:
+            raise ConfigError(f"{where}: expected an int, got {value!r}") from err
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        try:
+            return float(value)
+        except ValueError as err:
+            raise ConfigError(f"{where}: expected a number, got {value!r}") from err
+    if tp is str:
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+        return str(value)
+    if tp is Any:
+        return value
+    raise ConfigError(f"{where}: unsupported field type {tp!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# YAML files, presets and overrides
+
+
+def resolve_config_path(name_or_path: str | Path) -> Path:
+    """A path to a YAML file, or the name of a preset under configs/ (e.g. "debug")."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    for folder in PRESET_DIRS:
+        for candidate in (folder / f"{name_or_path}.yaml", folder / str(name_or_path)):
+            if candidate.is_file():
+                return candidate
+    presets = sorted({p.stem for d in PRESET_DIRS if d.is_dir() for p in d.glob("*.yaml")})
+    raise ConfigError(f"config {str(name_or_path)!r} is neither a file nor a preset; presets: {', '.join(presets)}")
+
+
+def load_yaml_tree(path: Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """Read a YAML config, following `extends:` chains (relative to the file) and merging."""
+    path = path.resolve()
+    if path in _seen:
+        raise ConfigError(f"circular 'extends' chain: {' -> '.join(str(p) for p in (*_seen, path))}")
+    with open(path, encoding="utf-8") as handle:
+        tree = yaml.safe_load(handle) or {}
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path}: top level must be a mapping")
+    parent = tree.pop("extends", None)
+    if parent is None:
+        return tree
+    base = load_yaml_tree(resolve_config_path(path.parent / parent), (*_seen, path))
+    return deep_merge(base, tree)
+
+
+def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    """Recursively merge `update` into a copy of `base` (mappings merge, everything else replaces)."""
+    merged = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`optim.lr=1e-3` → (["optim", "lr"], 0.001). The value is parsed as YAML (lists, null, bools)."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} is not of the form dotted.key=value")
+    key, raw = text.split("=", 1)
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise ConfigError(f"override {text!r} has an empty key component")
+    return parts, yaml.safe_load(raw) if raw.strip() else ""
+
+
+def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Set dotted keys in a plain config tree. Unknown keys are caught later by `from_dict`."""
+    tree = deep_merge({}, tree)
+    for text in overrides:
+        parts, value = parse_override(text)
+        node = tree
+        for part in parts[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            elif not isinstance(child, dict):
+                raise ConfigError(f"override {text!r}: {part!r} is not a section")
+            node = child
+        node[parts[-1]] = value
+    return tree
+
+
+def load_config(name_or_path: str | Path, overrides: list[str] | None = None) -> TrainConfig:
+    """Load a YAML file or preset, apply overrides, type-check and validate it."""
+    tree = apply_overrides(load_yaml_tree(resolve_config_path(name_or_path)), list(overrides or []))
+    return config_from_tree(tree)
+
+
+def config_from_tree(tree: dict[str, Any]) -> TrainConfig:
+    cfg = from_dict(TrainConfig, tree)
+    validate(cfg)
+    return cfg
+
+
+def save_config(cfg: TrainConfig, path: Path) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        yaml.safe_dump(cfg.to_dict(), handle, sort_keys=False)
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Cross-field checks that types alone cannot express."""
+    m = cfg.model
+    if (m.base is None) == (m.pretrained is None):
+        raise ConfigError("model: set exactly one of model.base (config dict, from scratch) or model.pretrained")
+    if m.base is not None and "model_type" not in m.base:
+        raise ConfigError("model.base must contain 'model_type' (e.g. llama)")
+    if m.activation_checkpointing and m.train_recurrence == "exact":
+        raise ConfigError(
+            "model.activation_checkpointing is only supported with train_recurrence=jacobi: the exact path "
+            "carries a KV cache through the middle block, which recomputation would append to twice"
+        )
+    n_layers = (m.base or {}).get("num_hidden_layers")
+    if m.arch == "t2mlr" and isinstance(n_layers, int) and not 1 <= m.l_start <= m.l_end <= n_layers:
+        raise ConfigError(
+            f"model: need 1 <= l_start <= l_end <= {n_layers} (1-based, inclusive blocks of a {n_layers}-block "
+            f"model); got l_start={m.l_start}, l_end={m.l_end}"
+        )
+    if not 1 <= m.d_backward <= m.d_forward:
+        raise ConfigError(f"model: need 1 <= d_backward <= d_forward, got {m.d_backward} and {m.d_forward}")
+    if m.jacobi_tol is not None and m.jacobi_tol < 0:
+        raise ConfigError(f"model.jacobi_tol must be >= 0 or null, got {m.jacobi_tol}")
+    _validate_data(cfg.data, "data")
+    if cfg.eval.data is not None:
+        _validate_data(cfg.eval.data, "eval.data")
+    if cfg.eval.every > 0 and cfg.eval.data is None:
+        raise ConfigError("eval.every > 0 needs an eval.data section (evaluating on training data would mislead)")
+    t = cfg.train
+    for name in ("max_steps", "global_batch_size", "micro_batch_size"):
+        if getattr(t, name) < 1:
+            raise ConfigError(f"train.{name} must be >= 1, got {getattr(t, name)}")
+    if t.global_batch_size % t.micro_batch_size:
+        raise ConfigError(
+            f"train.global_batch_size ({t.global_batch_size}) must be a multiple of train.micro_batch_size "
+            f"({t.micro_batch_size})"
+        )
+    if cfg.eval.batch_size < 1 or cfg.eval.max_batches < 1:
+        raise ConfigError("eval: batch_size and max_batches must be >= 1")
+    if cfg.schedule.warmup_steps < 0 or not 0 <= cfg.schedule.min_lr_ratio <= 1:
+        raise ConfigError("schedule: need warmup_steps >= 0 and 0 <= min_lr_ratio <= 1")
+    if cfg.optim.fusion_lr_mult <= 0 or cfg.optim.lr <= 0:
+        raise ConfigError("optim: lr and fusion_lr_mult must be > 0")
+
+
+def _validate_data(d: DataConfig, where: str) -> None:
+    if d.seq_len < 2:
+        raise ConfigError(f"{where}.seq_len must be >= 2, got {d.seq_len}")
+    if d.source in ("jsonl", "tokens") and not d.path:
+        raise ConfigError(f"{where}.source={d.source} needs {where}.path")
+    if d.source == "tokens" and d.eos_token_id is None:
+        raise ConfigError(f"{where}.source=tokens needs {where}.eos_token_id (the document separator)")
+    if d.source == "factory" and (not d.factory or ":" not in d.factory):
+        raise ConfigError(f"{where}.source=factory needs {where}.factory = 'package.module:function'")

@@ -1,0 +1,245 @@
+"""Data parallelism under torchrun: process group setup, DDP / FSDP2 wrapping and small collectives.
+
+Parallelism stays out of the model code: this module only wraps a finished model.
+
+FSDP2 (`fully_shard`) is applied per decoder layer, then to the root. The middle block's layers
+(blocks l_start..l_end) keep their parameters gathered after forward (`reshard_after_forward=False`),
+because the Jacobi path runs them d_forward + 1 times per step and re-gathering each time would
+multiply communication. FSDP2 cannot shard 0-dim parameters, and the fusion gates γ_cur, γ_rec are
+scalars, so every scalar parameter is left replicated (`ignored_params`) and its gradient is
+averaged by hand in `sync_replicated_grads`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+@dataclass
+class DistEnv:
+    """Where this process sits in the job."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def launched_by_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def pick_device(preference: str, local_rank: int = 0) -> torch.device:
+    """"auto" → this rank's CUDA device when CUDA is available, else CPU."""
+    if preference == "cpu" or (preference == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeError("train.device=cuda but CUDA is not available")
+    return torch.device("cuda", local_rank)
+
+
+def init_distributed(parallel: str, device_preference: str = "auto", timeout_s: int = 1800) -> DistEnv:
+    """Join the torchrun process group (nccl on CUDA, gloo on CPU), or return a single-process env.
+
+    Asking for ddp/fsdp outside torchrun with one process is allowed (it degenerates to one rank), so
+    the same config runs both ways; torchrun without --parallel is an error, since every rank would
+    otherwise train its own copy of the model.
+    """
+    if not launched_by_torchrun() or int(os.environ["WORLD_SIZE"]) == 1:
+        return DistEnv(device=pick_device(device_preference))
+    if parallel == "none":
+        raise RuntimeError("launched with torchrun but train.parallel=none; pass --parallel ddp or --parallel fsdp")
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = pick_device(device_preference, local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
+    return DistEnv(rank=rank, world_size=world, local_rank=local_rank, device=device)
+
+
+def shutdown_distributed() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------------------------
+# Wrapping
+
+
+def scalar_params(module: nn.Module) -> set[nn.Parameter]:
+    return {p for p in module.parameters() if p.ndim == 0}
+
+
+def apply_fsdp(model: nn.Module, layers: list[nn.Module], middle: set[int]) -> nn.Module:
+    """Shard each decoder layer, then the root (embeddings, head, fusion), in place.
+
+    `layers` are the decoder layers in order; `middle` holds 0-based indices of the recurrent block,
+    which are not resharded after forward.
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    # The model returns views (logits slice, last recurrent state); the trainer never modifies outputs in place.
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
+    ignored = scalar_params(model)
+    for index, layer in enumerate(layers):
+        fully_shard(layer, reshard_after_forward=index not in middle, ignored_params=ignored & set(layer.parameters()))
+    fully_shard(model, ignored_params=ignored)
+    return model
+
+
+def apply_ddp(model: nn.Module, env: DistEnv, find_unused_parameters: bool = False) -> nn.Module:
+    from torch.nn.parallel import DistributedDataParallel
+
+    device_ids = [env.device.index] if env.device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=device_ids, find_unused_parameters=find_unused_parameters)
+
+
+def wrap_model(
+    model: nn.Module, env: DistEnv, parallel: str, layers: list[nn.Module], middle: set[int],
+    find_unused_parameters: bool = False,
+) -> nn.Module:
+    """The module the training loop calls: `model` itself (one process or FSDP, in place) or a DDP wrapper.
+
+    `find_unused_parameters` is for DDP runs where part of the model gets no gradient (a T²MLR model
+    trained with recurrence "off" never uses its fusion module).
+    """
+    if not env.distributed or parallel == "none":
+        return model
+    if parallel == "fsdp":
+        return apply_fsdp(model, layers, middle)
+    if parallel == "ddp":
+        return apply_ddp(model, env, find_unused_parameters)
+    raise ValueError(f"unknown parallel mode {parallel!r}")
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The user's model under a DDP wrapper (FSDP2 shards in place, so it needs no unwrapping)."""
+    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+
+@contextlib.contextmanager
+def grad_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
+    """Skip gradient all-reduce on accumulation micro-steps (DDP `no_sync`, FSDP2 requires_gradient_sync)."""
+    if enabled:
+        yield
+    elif isinstance(model, nn.parallel.DistributedDataParallel):
+        with model.no_sync():
+            yield
+    elif hasattr(model, "set_requires_gradient_sync"):
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+    else:
+        yield
+
+
+# ---------------------------------------------------------------------------------------------
+# Collectives
+
+
+def is_sharded(model: nn.Module) -> bool:
+    return hasattr(model, "set_requires_gradient_sync") and not isinstance(model, nn.parallel.DistributedDataParallel)
+
+
+def sync_replicated_grads(model: nn.Module, env: DistEnv) -> None:
+    """Average the gradients FSDP2 does not manage (the scalar parameters it had to ignore)."""
+    if not env.distributed or not is_sharded(model):
+        return
+    # named_parameters() order is the same on every rank; one collective for all of them.
+    params = [p for _, p in model.named_parameters() if p.ndim == 0 and p.grad is not None]
+    if not params:
+        return
+    flat = torch.stack([p.grad.float() for p in params])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    flat /= env.world_size
+    for param, value in zip(params, flat):
+        param.grad.copy_(value)
+
+
+def all_reduce_sum(values: torch.Tensor, env: DistEnv) -> torch.Tensor:
+    """Sum a tensor over ranks (a no-op in a single process)."""
+    if env.distributed:
+        values = values.clone()
+        dist.all_reduce(values, op=dist.ReduceOp.SUM)
+    return values
+
+
+def barrier(env: DistEnv) -> None:
+    if env.distributed:
+        dist.barrier()
+
+
+def broadcast_object(value: object, env: DistEnv) -> object:
+    """Rank 0's value on every rank (used for decisions every rank must share, like the resume step)."""
+    if not env.distributed:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+@torch.no_grad()
+def clip_grad_norm(params: list[nn.Parameter], max_norm: float | None, env: DistEnv) -> torch.Tensor:
+    """Global L2 gradient norm over sharded (DTensor) and replicated gradients, then clip to max_norm.
+
+    One all-reduce for all sharded gradients: each rank sums the squares of its local shards.
+    Returns the norm before clipping (float32, on the parameters' device).
+    """
+    sharded_sq, replicated_sq = _grad_square_sums(params)
+    if env.distributed:
+        dist.all_reduce(sharded_sq, op=dist.ReduceOp.SUM)
+    total = torch.sqrt(sharded_sq + replicated_sq)
+    if max_norm is not None and max_norm > 0:
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        for param in params:
+            if param.grad is not None:
+                _local(param.grad).mul_(coef.to(param.grad.dtype))
+    return total
+
+
+def _grad_square_sums(params: list[nn.Parameter]) -> tuple[torch.Tensor, torch.Tensor]:
+    device = next((p.grad.device for p in params if p.grad is not None), torch.device("cpu"))
+    sharded = torch.zeros((), dtype=torch.float32, device=device)
+    replicated = torch.zeros((), dtype=torch.float32, device=device)
+    for param in params:
+        if param.grad is None:
+            continue
+        grad = _local(param.grad)
+        sq = torch.linalg.vector_norm(grad.float(), 2).pow(2).to(device)
+        if grad is param.grad:
+            replicated = replicated + sq
+        else:
+            sharded = sharded + sq
+    return sharded, replicated
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """The local shard of a DTensor, or the tensor itself."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def full_value(tensor: torch.Tensor) -> torch.Tensor:
+    """A parameter's full value on every rank (a collective for DTensors: call on all ranks)."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor

@@ -1,0 +1,59 @@
+"""`t2mlr plot runs/x`: loss and fusion-gate curves from metrics.jsonl to one PNG.
+
+The gate panel shows the raw scalars γ_cur and γ_rec; Φ uses tanh(γ), which has the same sign, so
+the paper's finding (γ_rec ends positive, γ_cur negative) reads directly off the plot.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from t2mlr.training.metrics import read_metrics
+
+
+def _series(records: list[dict[str, Any]], split: str, key: str) -> tuple[list[int], list[float]]:
+    steps, values = [], []
+    for record in records:
+        value = record.get(key)
+        if record.get("split", "train") == split and isinstance(value, (int, float)) and not isinstance(value, bool):
+            steps.append(int(record["step"]))
+            values.append(float(value))
+    return steps, values
+
+
+def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Draw train/eval loss and γ_cur/γ_rec against step; returns the PNG path (default <run>/curves.png)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    run_dir = Path(run_dir)
+    records = read_metrics(run_dir)
+    out_path = Path(out) if out else run_dir / "curves.png"
+    fig, (ax_loss, ax_gate) = plt.subplots(1, 2, figsize=(11, 4))
+    for split, key, label in (("train", "loss", "train loss"), ("eval", "eval_loss", "eval loss")):
+        steps, values = _series(records, split, key)
+        if steps:
+            ax_loss.plot(steps, values, label=label, marker="o" if split == "eval" else None, markersize=3)
+    ax_loss.set_xlabel("step")
+    ax_loss.set_ylabel("loss (nats/token)")
+    ax_loss.set_title(f"loss: {run_dir.name}")
+    ax_loss.legend()
+    drawn = False
+    for key, label in (("gamma_cur", "γ_cur"), ("gamma_rec", "γ_rec")):
+        steps, values = _series(records, "train", key)
+        if steps:
+            ax_gate.plot(steps, values, label=label)
+            drawn = True
+    ax_gate.axhline(0.0, color="grey", linewidth=0.5)
+    ax_gate.set_xlabel("step")
+    ax_gate.set_ylabel("gate value (Φ uses tanh γ)")
+    ax_gate.set_title("fusion gates" if drawn else "fusion gates (none: plain transformer)")
+    if drawn:
+        ax_gate.legend()
+    fig.tight_layout()
+    fig.savefig(out_path, dpi=120)
+    plt.close(fig)
+    return out_path

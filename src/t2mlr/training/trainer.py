@@ -1,0 +1,394 @@
+"""The training loop: plain PyTorch, one process or torchrun (DDP / FSDP2).
+
+Loss normalisation: every step's loss is the sum of token losses over the *global* batch divided by
+the global number of scored tokens. Each micro-batch's mean loss is re-weighted by its share of the
+global token count, so gradient accumulation and any number of ranks give the same update as one
+process holding the whole batch (up to float summation order).
+
+Exact resume: the data position is the step count (the sampler is a pure function of it), the
+DataLoader draws from its own generator instead of the global RNG, evaluation runs inside
+`fork_rng`, and a checkpoint stores every generator state after the step it records. A run resumed
+from step k therefore replays steps k+1.. bit for bit on the same hardware.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+from tqdm.auto import tqdm
+
+from t2mlr.training import distributed as dist_utils
+from t2mlr.training.checkpoint import CheckpointManager, TrainerState
+from t2mlr.training.config import ConfigError, TrainConfig, save_config, to_plain
+from t2mlr.training.data import (
+    Collator, ResumableBatchSampler, StepBatches, build_dataset, count_targets, eval_batches, labels_aligned,
+)
+from t2mlr.training.distributed import DistEnv
+from t2mlr.training.metrics import MetricsWriter, setup_logging
+from t2mlr.training.model_factory import (
+    ForwardPath, build_model, decoder_layers, eval_path, gate_values, middle_indices, train_path,
+)
+from t2mlr.training.optim import build_optimizer, build_scheduler, lr_multiplier
+
+log = logging.getLogger("t2mlr.training")
+
+CONFIG_FILE = "config.yaml"
+CHECKPOINT_DIR = "checkpoints"
+
+
+class NonFiniteLossError(RuntimeError):
+    """Training produced a NaN/inf loss or gradient norm; the last good checkpoint was kept."""
+
+
+@dataclass
+class TrainResult:
+    """What a finished (or stopped) run reports back."""
+
+    out_dir: Path
+    step: int
+    losses: list[float] = field(default_factory=list)
+    last_checkpoint: Path | None = None
+    eval_metrics: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class StepStats:
+    loss: float
+    grad_norm: float
+    tokens: int
+    jacobi_iterations: float | None
+    lr: float
+
+
+def seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+RECURRENCE_ONLY_KEYS = ("recurrence_mask", "document_ids")
+
+
+def _model_inputs(batch: dict[str, torch.Tensor], path: ForwardPath, device: torch.device) -> dict[str, Any]:
+    """Batch tensors on the device plus the path's keyword arguments; a plain transformer does not get
+    the recurrence-only inputs a T²MLR dataset may carry."""
+    keep = {k: v for k, v in batch.items() if path.recurrence != "none" or k not in RECURRENCE_ONLY_KEYS}
+    return {**{k: v.to(device, non_blocking=True) for k, v in keep.items()}, **path.kwargs()}
+
+
+def _mean_iterations(values: list[int | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
+
+
+class Trainer:
+    """Owns the model, optimizer, data and checkpoints of one run. `train()` runs the loop."""
+
+    def __init__(self, cfg: TrainConfig, out_dir: str | Path, resume: bool = False) -> None:
+        self.cfg = cfg
+        self.out_dir = Path(out_dir)
+        self.resume = resume
+        self.env = dist_utils.init_distributed(cfg.train.parallel, cfg.train.device)
+        if self.env.is_main:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+        dist_utils.barrier(self.env)
+        setup_logging(self.out_dir, self.env.is_main)
+        _check_batch_split(cfg, self.env)
+        self.train_path: ForwardPath = train_path(cfg.model)
+        self.eval_path: ForwardPath = eval_path(cfg.model, cfg.eval.recurrence)
+        self._build_model()
+        self._build_data()
+        self.checkpoints = CheckpointManager(self.out_dir / CHECKPOINT_DIR, self.env, cfg.checkpoint.keep_last)
+        self.metrics = MetricsWriter(self.out_dir, self.env.is_main, cfg.logging.tensorboard)
+        self.step = 0
+        self.tokens_seen = 0
+        self.last_checkpoint: Path | None = None
+        self._start_or_resume()
+        self.batches = StepBatches(self.train_set, self._sampler(self.step), self.collator, cfg.data.num_workers)
+
+    # ------------------------------------------------------------------------------------ setup
+    def _build_model(self) -> None:
+        cfg, env = self.cfg, self.env
+        seed_all(cfg.train.seed)  # identical initial weights on every rank
+        model = build_model(cfg.model).to(env.device)
+        layers = decoder_layers(model)
+        unused = cfg.model.arch == "t2mlr" and cfg.model.train_recurrence == "off"
+        self.wrapped = dist_utils.wrap_model(model, env, cfg.train.parallel, layers, middle_indices(model), unused)
+        self.model = dist_utils.unwrap(self.wrapped)
+        self.optimizer = build_optimizer(self.model, cfg.optim)
+        self.scheduler = build_scheduler(self.optimizer, cfg.schedule, cfg.horizon())
+        self.params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        self.gates = gate_values(self.model)
+        seed_all(cfg.train.seed + 1_000_003 * env.rank)  # per-rank stream for dropout and the like
+        self.autocast = self._autocast_context()
+
+    def _autocast_context(self) -> Any:
+        """bf16 autocast on CUDA when supported (precision=auto) or asked for; float32 otherwise."""
+        precision, device = self.cfg.train.precision, self.env.device
+        if precision == "fp32":
+            self.precision = "fp32"
+        elif precision == "bf16" or (device.type == "cuda" and torch.cuda.is_bf16_supported()):
+            self.precision = "bf16"
+        else:
+            self.precision = "fp32"
+        if self.precision == "fp32":
+            return contextlib.nullcontext
+        return lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+    def _build_data(self) -> None:
+        cfg = self.cfg
+        self.train_set = build_dataset(cfg.data)
+        self.collator = Collator(cfg.data.pad_token_id, labels_aligned(self.train_set, cfg.data))
+        self.eval_data: list[dict[str, torch.Tensor]] = []
+        if cfg.eval.every > 0 and cfg.eval.data is not None:
+            eval_set = build_dataset(cfg.eval.data)
+            eval_collator = Collator(cfg.eval.data.pad_token_id, labels_aligned(eval_set, cfg.eval.data))
+            self.eval_data = eval_batches(eval_set, eval_collator, cfg.eval.batch_size, cfg.eval.max_batches,
+                                          self.env.rank, self.env.world_size)
+
+    def _sampler(self, start_step: int) -> ResumableBatchSampler:
+        t = self.cfg.train
+        return ResumableBatchSampler(
+            len(self.train_set), t.global_batch_size, t.micro_batch_size, seed=self.cfg.data.seed,
+            rank=self.env.rank, world_size=self.env.world_size, start_step=start_step,
+        )
+
+    def _start_or_resume(self) -> None:
+        latest = self.checkpoints.latest()
+        if latest is not None and not self.resume:
+            raise FileExistsError(
+                f"{self.out_dir} already holds checkpoints (latest: {latest.name}); pass --resume to continue "
+                "it or choose another --out"
+            )
+        if self.resume and latest is not None:
+            self._check_config_against_saved()
+            state = self.checkpoints.load(latest, self.wrapped, self.optimizer, self.scheduler)
+            self.step, self.tokens_seen = state.step, state.tokens_seen
+            self.last_checkpoint = latest
+            self.metrics.truncate_after(self.step)
+            log.info("resumed from %s (step %d, %d tokens seen)", latest, self.step, self.tokens_seen)
+        else:
+            if self.resume:
+                log.info("--resume: no checkpoint in %s yet, starting from step 0", self.out_dir)
+            self.metrics.truncate_after(0)  # records of an earlier attempt that never checkpointed
+        if self.env.is_main:
+            save_config(self.cfg, self.out_dir / CONFIG_FILE)
+        self._log_setup()
+
+    def _check_config_against_saved(self) -> None:
+        """Warn about settings that changed since the run was started (max_steps changes are expected)."""
+        path = self.out_dir / CONFIG_FILE
+        if not path.is_file():
+            return
+        saved = yaml.safe_load(path.read_text(encoding="utf-8"))
+        current = to_plain(self.cfg)
+        for key in sorted(_diff_keys(saved, current)):
+            if key != "train.max_steps":
+                log.warning("config changed since the run started: %s", key)
+
+    def _log_setup(self) -> None:
+        t, env = self.cfg.train, self.env
+        n_params = sum(p.numel() for p in self.model.parameters())
+        accum = t.global_batch_size // (t.micro_batch_size * env.world_size)
+        log.info("model: %s, %.2fM parameters", type(self.model).__name__, n_params / 1e6)
+        log.info("train forward path: %s", self.train_path.describe())
+        log.info("eval forward path: %s", self.eval_path.describe())
+        log.info(
+            "device %s, precision %s, parallel %s × %d rank(s); global batch %d = micro %d × accum %d × %d",
+            env.device, self.precision, t.parallel if env.distributed else "none", env.world_size,
+            t.global_batch_size, t.micro_batch_size, accum, env.world_size,
+        )
+        log.info("schedule: %s over %d steps (warmup %d), training to step %d",
+                 self.cfg.schedule.kind, self.cfg.horizon(), self.cfg.schedule.warmup_steps, t.max_steps)
+
+    # ------------------------------------------------------------------------------------ loop
+    def train(self) -> TrainResult:
+        """Run until train.max_steps. Raises NonFiniteLossError (after logging it) on NaN/inf."""
+        cfg = self.cfg
+        result = TrainResult(self.out_dir, self.step, last_checkpoint=self.last_checkpoint)
+        show = self.env.is_main and cfg.logging.progress_bar
+        bar = tqdm(total=cfg.train.max_steps, initial=self.step, disable=not show, dynamic_ncols=True)
+        self.wrapped.train()
+        try:
+            while self.step < cfg.train.max_steps:
+                started = time.perf_counter()
+                stats = self.train_step(next(self.batches))
+                elapsed = time.perf_counter() - started
+                self.step += 1
+                self.tokens_seen += stats.tokens
+                result.losses.append(stats.loss)
+                self._after_step(stats, elapsed, bar, result)
+        finally:
+            bar.close()
+            self.metrics.close()
+        if cfg.checkpoint.save_final and self.last_checkpoint_step() != self.step:
+            self.save_checkpoint()
+        result.step, result.last_checkpoint = self.step, self.last_checkpoint
+        return result
+
+    def _after_step(self, stats: StepStats, elapsed: float, bar: Any, result: TrainResult) -> None:
+        cfg = self.cfg
+        tokens_per_s = stats.tokens / max(elapsed, 1e-9)
+        bar.update(1)
+        bar.set_postfix(loss=f"{stats.loss:.4f}", tok_s=f"{tokens_per_s:,.0f}")
+        if self.step % max(1, cfg.logging.every) == 0 or self.step == cfg.train.max_steps:
+            self.metrics.write(self._train_record(stats, tokens_per_s))
+        if cfg.eval.every > 0 and self.step % cfg.eval.every == 0:
+            result.eval_metrics = self.evaluate()
+            self.metrics.write({"split": "eval", "step": self.step, **result.eval_metrics})
+            log.info("step %d eval: %s", self.step, _format(result.eval_metrics))
+        if cfg.checkpoint.every > 0 and self.step % cfg.checkpoint.every == 0:
+            self.save_checkpoint()
+
+    def _train_record(self, stats: StepStats, tokens_per_s: float) -> dict[str, Any]:
+        record: dict[str, Any] = {
+            "split": "train", "step": self.step, "loss": stats.loss,
+            "lr": stats.lr, "grad_norm": stats.grad_norm, "tokens_per_s": tokens_per_s, "tokens_seen": self.tokens_seen,
+            "recurrence": self.train_path.recurrence, "jacobi_iterations": stats.jacobi_iterations,
+        }
+        for name, param in self.gates.items():
+            record[name] = float(dist_utils.full_value(param.detach()).float())
+        return record
+
+    def train_step(self, micro_batches: list[dict[str, torch.Tensor]]) -> StepStats:
+        """One optimizer step over this rank's micro-batches of a global batch."""
+        env, device = self.env, self.env.device
+        local_targets = [count_targets(b) for b in micro_batches]
+        local_tokens = sum(int(b["attention_mask"].sum()) if "attention_mask" in b else b["input_ids"].numel()
+                           for b in micro_batches)
+        totals = dist_utils.all_reduce_sum(torch.tensor([sum(local_targets), local_tokens], dtype=torch.float64), env)
+        global_targets, global_tokens = int(totals[0]), int(totals[1])
+        if global_targets == 0:
+            raise ValueError(f"step {self.step + 1}: the global batch has no scored tokens (all labels are -100)")
+        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+        iterations: list[int | None] = []
+        for index, (batch, n_targets) in enumerate(zip(micro_batches, local_targets)):
+            last = index == len(micro_batches) - 1
+            with dist_utils.grad_sync(self.wrapped, enabled=last):
+                with self.autocast():
+                    out = self.wrapped(**_model_inputs(batch, self.train_path, device))
+                if n_targets:
+                    scaled = out.loss * (n_targets * env.world_size / global_targets)
+                    loss_sum += out.loss.detach().double() * n_targets
+                else:  # keeps every parameter in the graph so DDP/FSDP hooks still fire
+                    scaled = out.logits.sum() * 0.0
+                scaled.backward()
+            iterations.append(getattr(out, "jacobi_iterations", None))
+        dist_utils.sync_replicated_grads(self.wrapped, env)
+        loss = float(dist_utils.all_reduce_sum(loss_sum, env)) / global_targets
+        self._check_finite(loss, "loss")
+        grad_norm = float(dist_utils.clip_grad_norm(self.params, self.cfg.optim.grad_clip, env))
+        self._check_finite(grad_norm, "gradient norm")
+        lr = self.cfg.optim.lr * lr_multiplier(self.step, self.cfg.schedule, self.cfg.horizon())
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return StepStats(loss, grad_norm, global_tokens, _mean_iterations(iterations), lr)
+
+    def _check_finite(self, value: float, what: str) -> None:
+        if math.isfinite(value):
+            return
+        self.optimizer.zero_grad(set_to_none=True)
+        kept = (f"the last good checkpoint {self.last_checkpoint} (latest) is kept"
+                if self.last_checkpoint else "no checkpoint had been written yet")
+        message = (f"non-finite {what} ({value}) at step {self.step + 1}; training stopped before the update, "
+                   f"{kept}. Lower optim.lr, enable gradient clipping, or check the data.")
+        log.error(message)
+        self.metrics.write({"split": "train", "step": self.step + 1, "event": "non_finite", "what": what,
+                            "value": value})
+        raise NonFiniteLossError(message)
+
+    # ------------------------------------------------------------------------------------ eval
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, Any]:
+        """Mean token loss over the fixed eval set with the configured eval path (named in the result)."""
+        device = self.env.device
+        devices = [device.index] if device.type == "cuda" else []
+        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+        targets = 0
+        iterations: list[int | None] = []
+        self.wrapped.eval()
+        try:
+            with torch.random.fork_rng(devices=devices):
+                for batch in self.eval_data:
+                    n = count_targets(batch)
+                    with self.autocast():
+                        out = self.wrapped(**_model_inputs(batch, self.eval_path, device))
+                    if n:
+                        loss_sum += out.loss.double() * n
+                    targets += n
+                    iterations.append(getattr(out, "jacobi_iterations", None))
+        finally:
+            self.wrapped.train()
+        totals = dist_utils.all_reduce_sum(
+            torch.stack([loss_sum, torch.tensor(float(targets), dtype=torch.float64, device=device)]), self.env)
+        eval_loss = float(totals[0] / totals[1]) if totals[1] > 0 else float("nan")
+        return {
+            "eval_loss": eval_loss,
+            "eval_ppl": math.exp(eval_loss) if eval_loss < 50 else float("inf"),
+            "eval_recurrence": self.eval_path.recurrence,
+            "eval_jacobi_iterations": _mean_iterations(iterations),
+            "eval_tokens": int(totals[1]),
+        }
+
+    # ------------------------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self) -> Path:
+        state = TrainerState(step=self.step, tokens_seen=self.tokens_seen, world_size=self.env.world_size,
+                             global_batch_size=self.cfg.train.global_batch_size)
+        extra = {CONFIG_FILE: yaml.safe_dump(self.cfg.to_dict(), sort_keys=False)}
+        model_config = getattr(self.model, "config", None)
+        if model_config is not None:  # config.json + model.safetensors: `from_pretrained(checkpoint_dir)` works
+            extra["config.json"] = model_config.to_json_string()
+        path = self.checkpoints.save(self.wrapped, self.optimizer, self.scheduler, state, extra_files=extra)
+        self.last_checkpoint = path
+        log.info("step %d: checkpoint %s", self.step, path)
+        return path
+
+    def last_checkpoint_step(self) -> int | None:
+        if self.last_checkpoint is None:
+            return None
+        return int(self.last_checkpoint.name.split("_")[-1])
+
+
+def _check_batch_split(cfg: TrainConfig, env: DistEnv) -> None:
+    t = cfg.train
+    if t.global_batch_size % (t.micro_batch_size * env.world_size):
+        raise ConfigError(
+            f"train.global_batch_size {t.global_batch_size} is not a multiple of train.micro_batch_size "
+            f"{t.micro_batch_size} × {env.world_size} rank(s); change one of them"
+        )
+
+
+def _diff_keys(a: Any, b: Any, prefix: str = "") -> set[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        keys: set[str] = set()
+        for key in set(a) | set(b):
+            keys |= _diff_keys(a.get(key), b.get(key), f"{prefix}{key}.")
+        return keys
+    return set() if a == b else {prefix.rstrip(".")}
+
+
+def _format(metrics: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())
+
+
+def train(cfg: TrainConfig, out_dir: str | Path, resume: bool = False) -> TrainResult:
+    """Build a Trainer and run it. A process group this call created is left again, also on errors."""
+    import torch.distributed as dist
+
+    owns_group = not (dist.is_available() and dist.is_initialized())
+    try:
+        return Trainer(cfg, out_dir, resume=resume).train()
+    finally:
+        if owns_group:
+            dist_utils.shutdown_distributed()

@@ -1,0 +1,113 @@
+"""Training config: presets load, overrides are typed, unknown keys fail clearly, CLI parsing."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+import torch
+
+from t2mlr.training.commands import register, train_overrides
+from t2mlr.training.config import PRESET_DIRS, ConfigError, load_config, parse_override
+from t2mlr.training.optim import is_no_decay, lr_multiplier, param_groups
+from t2mlr.training.config import OptimConfig, ScheduleConfig
+
+CONFIG_DIR = PRESET_DIRS[0]
+
+
+@pytest.mark.parametrize("path", sorted(CONFIG_DIR.glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_preset_loads(path: Path) -> None:
+    cfg = load_config(path)
+    assert 1 <= cfg.model.l_start <= cfg.model.l_end
+
+
+@pytest.mark.parametrize("placement", [(13, 18), (9, 22), (5, 26), (1, 30)])
+def test_paper_presets_hold_the_paper_settings(placement: tuple[int, int]) -> None:
+    cfg = load_config(f"smollm2_135m_{placement[0]}_{placement[1]}")
+    base = cfg.model.base
+    assert (cfg.model.l_start, cfg.model.l_end) == placement
+    assert (base["num_hidden_layers"], base["hidden_size"], base["num_attention_heads"]) == (30, 576, 9)
+    assert (base["num_key_value_heads"], base["intermediate_size"], base["vocab_size"]) == (3, 1536, 49152)
+    assert base["tie_word_embeddings"] is True and base["rope_theta"] == 100000.0
+    assert cfg.optim.lr == 5e-4 and cfg.optim.betas == (0.9, 0.98) and cfg.optim.weight_decay == 0.01
+    assert cfg.schedule.kind == "cosine" and cfg.schedule.min_lr_ratio == 0.001
+    assert cfg.data.seq_len == 2048 and cfg.train.global_batch_size == 256
+    assert (cfg.model.d_forward, cfg.model.d_backward) == (16, 4)
+
+
+def test_overrides_are_typed_and_nested() -> None:
+    cfg = load_config("debug", ["optim.lr=5e-4", "optim.betas=[0.8, 0.9]", "model.jacobi_tol=null",
+                                "model.base.hidden_size=32", "train.max_steps=7", "logging.tensorboard=true"])
+    assert cfg.optim.lr == 5e-4 and isinstance(cfg.optim.lr, float)
+    assert cfg.optim.betas == (0.8, 0.9)
+    assert cfg.model.jacobi_tol is None and cfg.model.base["hidden_size"] == 32
+    assert cfg.train.max_steps == 7 and cfg.logging.tensorboard is True
+
+
+@pytest.mark.parametrize("override, fragment", [
+    ("optim.lrr=1", "Did you mean 'lr'"),
+    ("nosuch.key=1", "unknown config key 'nosuch'"),
+    ("train.max_steps=ten", "expected an int"),
+    ("model.train_recurrence=sometimes", "must be one of"),
+    ("train.global_batch_size=6", "multiple of train.micro_batch_size"),
+    ("model.pretrained=some/model", "exactly one of model.base"),
+    ("model.l_end=9", "l_start <= l_end <= 4"),
+    ("model.d_backward=9", "d_backward <= d_forward"),
+])
+def test_bad_configs_fail_with_clear_messages(override: str, fragment: str) -> None:
+    with pytest.raises(ConfigError, match=fragment.replace("(", r"\(")):
+        load_config("debug", [override])
+
+
+def test_unknown_preset_lists_presets() -> None:
+    with pytest.raises(ConfigError, match="debug"):
+        load_config("no_such_preset")
+
+
+def test_extends_merges_parent(tmp_path: Path) -> None:
+    (tmp_path / "child.yaml").write_text(f"extends: {CONFIG_DIR / 'debug.yaml'}\noptim:\n  lr: 1.0e-4\n")
+    cfg = load_config(tmp_path / "child.yaml")
+    assert cfg.optim.lr == 1e-4 and cfg.model.l_start == 2 and cfg.optim.betas == (0.9, 0.98)
+
+
+def test_parse_override_requires_equals() -> None:
+    assert parse_override("a.b=3") == (["a", "b"], 3)
+    with pytest.raises(ConfigError):
+        parse_override("a.b")
+
+
+def test_cli_accepts_overrides_after_options() -> None:
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["train", "debug", "a.b=1", "--out", "runs/x", "--max-steps", "5", "c.d=2",
+                              "--parallel", "fsdp", "--resume"])
+    assert args.config == "debug" and args.out == "runs/x" and args.resume
+    assert train_overrides(args) == ["a.b=1", "c.d=2", "train.max_steps=5", "train.parallel=fsdp"]
+    with pytest.raises(SystemExit):
+        parser.parse_args(["train", "debug", "--out", "x", "--bogus"])
+
+
+def test_param_groups_keep_gates_norms_biases_out_of_weight_decay() -> None:
+    named = [
+        ("fusion.gamma_cur", torch.nn.Parameter(torch.zeros(()))),
+        ("fusion.f_cur.weight", torch.nn.Parameter(torch.zeros(4, 8))),
+        ("fusion.f_cur.bias", torch.nn.Parameter(torch.zeros(4))),
+        ("cache_norm.weight", torch.nn.Parameter(torch.ones(4))),
+        ("base.model.layers.0.mlp.up_proj.weight", torch.nn.Parameter(torch.zeros(8, 4))),
+    ]
+    groups = param_groups(named, OptimConfig(lr=1.0, weight_decay=0.1, fusion_lr_mult=3.0))
+    by_name = {name: g for g in groups for name in g["names"]}
+    assert by_name["fusion.gamma_cur"]["weight_decay"] == 0.0 and by_name["fusion.gamma_cur"]["lr"] == 3.0
+    assert by_name["fusion.f_cur.weight"]["weight_decay"] == 0.1 and by_name["fusion.f_cur.weight"]["lr"] == 3.0
+    assert by_name["cache_norm.weight"]["weight_decay"] == 0.0 and by_name["cache_norm.weight"]["lr"] == 1.0
+    assert by_name["base.model.layers.0.mlp.up_proj.weight"]["weight_decay"] == 0.1
+    assert is_no_decay("fusion.f_cur.bias", named[2][1])
+
+
+def test_schedule_warms_up_then_decays_to_floor() -> None:
+    cfg = ScheduleConfig(kind="cosine", warmup_steps=10, min_lr_ratio=0.001)
+    values = [lr_multiplier(s, cfg, 100) for s in range(120)]
+    assert values[0] == pytest.approx(0.1) and values[9] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(values[9:], values[10:]))
+    assert values[100] == pytest.approx(0.001) and values[119] == pytest.approx(0.001)
