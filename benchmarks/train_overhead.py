@@ -59,6 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=30)
     p.add_argument("--hidden", type=int, default=None, help="default: 576 with --gpu, else 128")
     p.add_argument("--seq", type=int, default=None, help="default: 2048 with --gpu, else 256")
+    p.add_argument("--vocab", type=int, default=None, help="default: 49152 (SmolLM2) with --gpu, else 4096")
     p.add_argument("--batch", type=int, default=None, help="sequences per step; default: 8 with --gpu, else 2")
     p.add_argument("--l-start", type=int, default=13)
     p.add_argument("--l-end", type=int, default=18)
@@ -74,6 +75,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.hidden = args.hidden or (576 if args.gpu else 128)
     args.seq = args.seq or (2048 if args.gpu else 256)
     args.batch = args.batch or (8 if args.gpu else 2)
+    args.vocab = args.vocab or (49152 if args.gpu else 4096)
     return args
 
 
@@ -84,7 +86,7 @@ def base_config(args: argparse.Namespace) -> Any:
     heads = max(1, args.hidden // 64)
     kv_heads = max(1, heads // 3) if heads % 3 == 0 else heads
     return LlamaConfig(
-        vocab_size=49152 if args.gpu else 4096, hidden_size=args.hidden, intermediate_size=args.hidden * 8 // 3,
+        vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.hidden * 8 // 3,
         num_hidden_layers=args.layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
         max_position_embeddings=max(2048, args.seq), rope_theta=100000.0, tie_word_embeddings=True,
     )
@@ -122,8 +124,7 @@ def build_variant(name: str, args: argparse.Namespace, device: torch.device) -> 
 
 def make_batch(args: argparse.Namespace, device: torch.device) -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(1)
-    vocab = 49152 if args.gpu else 4096
-    ids = torch.randint(0, vocab, (args.batch, args.seq), generator=generator)
+    ids = torch.randint(0, args.vocab, (args.batch, args.seq), generator=generator)
     return {"input_ids": ids.to(device), "labels": ids.to(device)}
 
 

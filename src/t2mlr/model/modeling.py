@@ -492,6 +492,7 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, GenerationMixin):
         cache = inputs.cache if inputs.cache is not None else DynamicCache()
         decode_step = h_low.shape[1] == 1  # the chunk's own masks are already the step's masks
         middle = self.middle_layer_indices()
+        layers = {i: self.layers[i] for i in middle}
         chunk_offsets = {} if decode_step else {i: self._chunk_kv_offset(inputs.cache, i) for i in middle}
         cos, sin = inputs.position_embeddings
         outputs, states = [], []
@@ -501,7 +502,7 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, GenerationMixin):
             step_mask = None if recurrence_mask is None else recurrence_mask[:, t : t + 1]
             hidden = self._fuse(h_low[:, t : t + 1], r_read[:, None], step_mask)
             for i in middle:
-                hidden = self.layers[i](
+                hidden = layers[i](
                     hidden,
                     attention_mask=inputs.masks[i]
                     if decode_step
@@ -584,13 +585,50 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, GenerationMixin):
             model_kwargs["past_key_values"] = T2MLRCache(config=self.config.base_config)
         return super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
 
+    def prepare_inputs_for_generation(
+        self, input_ids: torch.LongTensor, *args: Any, recurrence_mask: torch.Tensor | None = None, **kwargs: Any
+    ) -> dict[str, Any]:
+        """Per-step inputs: after the prompt, chunks continue a cache and run the exact path (one token
+        per step, or the token-by-token verification of assisted decoding); with
+        recurrence_mask_policy="mask", `recurrence_mask` covers the prompt and generated tokens recur."""
+        inputs = super().prepare_inputs_for_generation(input_ids, *args, **kwargs)
+        cache = inputs.get("past_key_values")
+        past = cache.get_seq_length() if cache is not None else 0
+        if past > 0 and self.resolve_recurrence(inputs.get("recurrence")) == "jacobi":
+            inputs["recurrence"] = "exact"
+        if self.config.recurrence_mask_policy == "mask":
+            inputs["recurrence_mask"] = self._generation_recurrence_mask(
+                recurrence_mask, input_ids.shape, past, inputs["input_ids"].shape[1]
+            )
+        elif recurrence_mask is not None:
+            inputs["recurrence_mask"] = recurrence_mask  # forward raises its policy error
+        return inputs
+
+    @staticmethod
+    def _generation_recurrence_mask(
+        prompt_mask: torch.Tensor | None, full_shape: torch.Size, past: int, chunk: int
+    ) -> torch.Tensor:
+        """The chunk's slice of [prompt mask, True for every generated token]."""
+        if prompt_mask is None:
+            raise ValueError(
+                "recurrence_mask_policy='mask': pass generate(..., recurrence_mask=MASK) for the prompt "
+                "(batch, prompt length); generated tokens always recur"
+            )
+        batch, total = full_shape
+        if prompt_mask.shape[0] != batch or prompt_mask.shape[1] > total:
+            raise ValueError(f"recurrence_mask must have shape (batch, prompt length), got {tuple(prompt_mask.shape)}")
+        generated = torch.ones(batch, total - prompt_mask.shape[1], dtype=torch.bool, device=prompt_mask.device)
+        return torch.cat([prompt_mask.bool(), generated], dim=1)[:, past : past + chunk]
+
     def generate(self, *args: Any, prefill: str | None = None, prefill_depth: int | None = None, **kwargs: Any):
         """`GenerationMixin.generate` plus the prompt's forward path.
 
         prefill="exact" (default: the config's eval path) runs the prompt's middle block token by token;
         prefill="jacobi" runs it in parallel with `prefill_depth` cache iterations (default: the config's
-        d_forward), approximate unless prefill_depth >= prompt length. Decoding after the prompt is one
-        token per step, where both paths coincide.
+        d_forward), approximate unless prefill_depth >= prompt length. Every later chunk continues the
+        cache on the exact path: one token per step (where both paths coincide), or token by token for
+        the verification chunks of assisted decoding. With recurrence_mask_policy="mask", pass
+        `recurrence_mask` for the prompt; generated tokens recur.
         """
         if prefill is None:
             if prefill_depth is not None:

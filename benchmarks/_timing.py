@@ -1,0 +1,153 @@
+"""Shared helpers of the benchmarks: machine description, synchronised wall-clock timing, paired runs,
+and markdown tables for benchmarks/RESULTS.md.
+
+CPU threads: the CPU benchmarks default to one torch thread. With torch's default (one thread per
+core) on a 2-core machine that other processes also use, every small operator's threads spin-wait for
+a descheduled partner and timings swing by 10× within a minute; one thread gives stable numbers (pass
+--threads N on an idle machine).
+
+Paired runs: on a shared machine the load changes during a benchmark, so two variants are timed
+alternately (A B, then B A, ...) and compared per pair; the median of the per-pair ratios is far less
+sensitive to a burst of foreign load than the ratio of two separately measured medians.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name from /proc/cpuinfo (Linux), else what `platform` knows."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def machine_info(device: torch.device) -> dict[str, str]:
+    """Everything a reader needs to compare timings taken on another machine."""
+    import transformers
+
+    info = {
+        "date": _dt.datetime.now().strftime("%Y-%m-%d %H:%M"),
+        "cpu": cpu_model(),
+        "cores": str(os.cpu_count()),
+        "torch threads": str(torch.get_num_threads()),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "device": str(device),
+    }
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    if hasattr(os, "getloadavg"):
+        info["load average (1 min) at start"] = f"{os.getloadavg()[0]:.2f}"
+    return info
+
+
+def info_lines(info: dict[str, str]) -> str:
+    return "\n".join(f"- {key}: {value}" for key, value in info.items())
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], object], device: torch.device) -> float:
+    """Wall-clock seconds of one call, with the accelerator's queue drained before and after."""
+    synchronize(device)
+    start = time.perf_counter()
+    fn()
+    synchronize(device)
+    return time.perf_counter() - start
+
+
+def paired_times(
+    first: Callable[[], object], second: Callable[[], object], repeats: int, device: torch.device
+) -> tuple[list[float], list[float]]:
+    """`repeats` timings of each, alternating which one runs first (ABBA...), so that neither variant
+    always runs right after the other's cache or allocator state."""
+    a_times, b_times = [], []
+    for r in range(repeats):
+        if r % 2 == 0:
+            a_times.append(timed(first, device))
+            b_times.append(timed(second, device))
+        else:
+            b_times.append(timed(second, device))
+            a_times.append(timed(first, device))
+    return a_times, b_times
+
+
+def median_ratio(numerators: Sequence[float], denominators: Sequence[float]) -> float:
+    """Median of per-pair ratios."""
+    return statistics.median(n / d for n, d in zip(numerators, denominators))
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def parse_int_list(text: str) -> list[int]:
+    """"512,1024,2048" → [512, 1024, 2048]."""
+    values = [int(part) for part in text.split(",") if part.strip()]
+    if not values or any(v < 1 for v in values):
+        raise ValueError(f"expected a comma-separated list of positive ints, got {text!r}")
+    return values
+
+
+def parse_placements(text: str) -> list[tuple[int, int]]:
+    """"1-30,5-26" → [(1, 30), (5, 26)] (1-based, inclusive, as everywhere in the project)."""
+    placements = []
+    for part in text.split(","):
+        start, sep, end = part.strip().partition("-")
+        if not sep:
+            raise ValueError(f"placements look like 5-26,9-22; got {part!r}")
+        placements.append((int(start), int(end)))
+    return placements
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def smollm2_135m_config(**overrides: object):
+    """The SmolLM2-135M shape the paper's overhead tables use: 30 blocks, hidden 576, 9 heads of 64,
+    3 KV heads, MLP 1536, vocabulary 49152, tied embeddings (random weights: speed does not depend on them)."""
+    from transformers import LlamaConfig
+
+    fields = dict(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=64,
+        max_position_embeddings=8192,
+        rms_norm_eps=1e-5,
+        rope_theta=100000.0,
+        tie_word_embeddings=True,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
+    fields.update(overrides)
+    return LlamaConfig(**fields)

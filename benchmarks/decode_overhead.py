@@ -1,0 +1,177 @@
+"""Decoding overhead of T²MLR over the parameter-matched Transformer (paper, "Inference Overhead").
+
+Both models generate greedily from the BOS token through `generate()` (min_new_tokens =
+max_new_tokens, so every run produces exactly the requested number of tokens) in one process. The
+baseline is the same backbone widened until its parameter count is at least T²MLR's, with the head
+count and head dimension kept (SmolLM2-135M: hidden 576 → 584, 9 heads of 64; SPEC §8,
+`t2mlr.generation.matching`). T²MLR adds 5d² + 3d + 2 parameters whatever the placement, so one
+baseline serves every placement.
+
+Timing: for each placement and length, `--repeats` pairs of runs alternating which model goes first;
+reported: median seconds per run of each, and the median of the per-pair time ratios (T²MLR /
+baseline). Weights are random (speed does not depend on them); T²MLR's gates are set to
+γ_cur = -0.5, γ_rec = 0.5 so the fusion is not at its identity point (it costs the same either way).
+
+Defaults: on CUDA the paper's lengths 512, 1024, 2048 in bfloat16; on CPU 64, 128, 256 in float32
+and one torch thread (2048 tokens of a 135M model take minutes per run on a CPU; the per-token overhead
+is what is compared; one thread because more spin-wait against other load, see benchmarks/_timing.py),
+three placements, three pairs: about 8.5 minutes.
+
+    python benchmarks/decode_overhead.py                       # CPU defaults
+    python benchmarks/decode_overhead.py --quick               # < 1 minute: (5,26), 32 tokens, 3 pairs
+    python benchmarks/decode_overhead.py --device cuda         # GPU: 512/1024/2048 tokens, bf16
+    python benchmarks/decode_overhead.py --lengths 512 --placements 9-22 --repeats 5 --threads 2   # idle machine
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from _timing import (  # noqa: E402
+    DTYPES,
+    info_lines,
+    machine_info,
+    markdown_table,
+    median_ratio,
+    paired_times,
+    parse_int_list,
+    parse_placements,
+    resolve_device,
+    smollm2_135m_config,
+)
+
+from t2mlr import T2MLRConfig, T2MLRForCausalLM  # noqa: E402
+from t2mlr.generation.matching import count_parameters, matched_baseline_config  # noqa: E402
+
+PAPER_PLACEMENTS = "1-30,5-26,9-22"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 or auto")
+    p.add_argument("--lengths", default=None, help="new tokens per run (default: 512,1024,2048 on CUDA, 64,128,256 on CPU)")
+    p.add_argument("--repeats", type=int, default=3, help="pairs of runs per setting")
+    p.add_argument("--placements", default=PAPER_PLACEMENTS, help="l_start-l_end pairs, 1-based (default: %(default)s)")
+    p.add_argument("--dtype", default=None, choices=sorted(DTYPES), help="default: bfloat16 on CUDA, float32 on CPU")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: 1 on CPU, see the docstring)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="smoke run: placement 5-26, 32 tokens, 3 pairs")
+    args = p.parse_args(argv)
+    args.device = resolve_device(args.device)
+    cuda = args.device.type == "cuda"
+    if args.quick:
+        args.placements, args.lengths, args.repeats = "5-26", args.lengths or "32", 3
+    args.lengths = parse_int_list(args.lengths or ("512,1024,2048" if cuda else "64,128,256"))
+    args.placements = parse_placements(args.placements)
+    args.dtype = DTYPES[args.dtype or ("bfloat16" if cuda else "float32")]
+    if args.repeats < 1:
+        p.error("--repeats must be >= 1")
+    return args
+
+
+def build_t2mlr(l_start: int, l_end: int, device: torch.device, dtype: torch.dtype, seed: int) -> T2MLRForCausalLM:
+    torch.manual_seed(seed)
+    model = T2MLRForCausalLM(T2MLRConfig.from_base(smollm2_135m_config(), l_start=l_start, l_end=l_end))
+    with torch.no_grad():
+        model.fusion.gamma_cur.fill_(-0.5)
+        model.fusion.gamma_rec.fill_(0.5)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def build_baseline(t2mlr_params: int, device: torch.device, dtype: torch.dtype, seed: int) -> PreTrainedModel:
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(matched_baseline_config(smollm2_135m_config(), t2mlr_params))
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def greedy_run(model: PreTrainedModel, new_tokens: int, device: torch.device) -> Callable[[], torch.Tensor]:
+    """A closure generating exactly `new_tokens` tokens greedily from BOS."""
+    bos = torch.tensor([[model.config.bos_token_id]], device=device)
+    extra = {"prefill": "exact"} if isinstance(model, T2MLRForCausalLM) else {}
+
+    def run() -> torch.Tensor:
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=bos,
+                attention_mask=torch.ones_like(bos),
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                do_sample=False,
+                pad_token_id=model.config.pad_token_id,
+                **extra,
+            )
+        if out.shape[1] != new_tokens + 1:
+            raise RuntimeError(f"generated {out.shape[1] - 1} tokens instead of {new_tokens}")
+        return out
+
+    return run
+
+
+def measure_placement(
+    placement: tuple[int, int], baseline: PreTrainedModel, args: argparse.Namespace
+) -> list[list[object]]:
+    """Table rows (one per length) for one placement."""
+    model = build_t2mlr(*placement, args.device, args.dtype, args.seed)
+    for candidate in (model, baseline):  # warm-up: lazy initialisation, allocator, kernel selection
+        greedy_run(candidate, 8, args.device)()
+    rows = []
+    for length in args.lengths:
+        ours, base = paired_times(
+            greedy_run(model, length, args.device), greedy_run(baseline, length, args.device), args.repeats, args.device
+        )
+        ratio = median_ratio(ours, base)
+        rows.append(
+            [
+                f"T²MLR{placement}",
+                length,
+                f"{statistics.median(ours):.2f}",
+                f"{statistics.median(base):.2f}",
+                f"{1000 * statistics.median(ours) / length:.1f}",
+                f"{1000 * statistics.median(base) / length:.1f}",
+                f"{ratio:.3f}×",
+            ]
+        )
+        print(f"  {placement} {length:5d} tokens: ratio {ratio:.3f} (pairs: "
+              + ", ".join(f"{o / b:.3f}" for o, b in zip(ours, base)) + ")", flush=True)
+    del model
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.threads is not None or args.device.type == "cpu":
+        torch.set_num_threads(args.threads or 1)
+    info = machine_info(args.device)
+    with torch.device("meta"):  # parameter count without allocating weights (same for every placement)
+        reference = T2MLRForCausalLM(T2MLRConfig.from_base(smollm2_135m_config(), *args.placements[0]))
+    t2mlr_params = count_parameters(reference)
+    baseline = build_baseline(t2mlr_params, args.device, args.dtype, args.seed)
+    print(
+        f"SmolLM2-135M shape; T²MLR parameters {t2mlr_params:,}; matched Transformer: hidden "
+        f"{baseline.config.hidden_size}, head_dim {baseline.config.head_dim}, {count_parameters(baseline):,} parameters",
+        flush=True,
+    )
+    rows = []
+    for placement in args.placements:
+        rows += measure_placement(placement, baseline, args)
+    headers = ["model", "new tokens", "T²MLR s", "baseline s", "T²MLR ms/token", "baseline ms/token", "time ratio"]
+    print()
+    print(f"### Decoding overhead vs the parameter-matched Transformer ({str(args.dtype).removeprefix('torch.')}, "
+          f"greedy from BOS, median of {args.repeats} paired runs)\n")
+    print(info_lines(info))
+    print(f"- command: python benchmarks/decode_overhead.py {' '.join(sys.argv[1:] if argv is None else argv)}\n")
+    print(markdown_table(headers, rows))
+
+
+if __name__ == "__main__":
+    main()

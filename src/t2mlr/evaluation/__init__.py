@@ -1,0 +1,12 @@
+"""Evaluation of T²MLR models with lm-evaluation-harness.
+
+`lm_eval_model` registers the lm-eval model "t2mlr" (imported on demand: lm_eval is an optional
+dependency); `harness` runs lm-eval's own command line with that registration and the shipped tasks
+(`tasks/`, e.g. the offline toy task `t2mlr_toy`) in place.
+"""
+
+from pathlib import Path
+
+TASKS_DIR = Path(__file__).resolve().parent / "tasks"
+
+__all__ = ["TASKS_DIR"]

@@ -1,0 +1,102 @@
+"""`t2mlr generate MODEL_DIR --prompt "..."`: stream a continuation to stdout.
+
+The main CLI calls `register(subparsers)`; the parser sets `func` (args → exit code). Tokens are
+printed as they are decoded (transformers' `TextStreamer`), the prompt itself is not echoed.
+
+Examples:
+    t2mlr generate runs/t2mlr-135m --prompt "The capital of France is" --max-new-tokens 32
+    t2mlr generate runs/t2mlr-135m --prompt "..." --prefill jacobi --prefill-depth 8
+    t2mlr generate runs/t2mlr-135m --prompt "..." --do-sample --top-p 0.9 --temperature 0.8 --seed 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from transformers import TextStreamer
+
+from t2mlr.generation.loading import DTYPES, ModelDirectoryError, load_model, load_tokenizer
+from t2mlr.generation.text import PREFILL_PATHS, GenerationSettings, generate_text
+
+__all__ = ["add_arguments", "register", "run_generate"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model_dir", metavar="MODEL_DIR", help="directory written by save_pretrained (model + tokenizer)")
+    parser.add_argument("--prompt", default=None, help="prompt text (default: read from stdin)")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument(
+        "--prefill",
+        choices=PREFILL_PATHS,
+        default="exact",
+        help="forward path over the prompt: exact (token by token, the definition) or jacobi (parallel, approximate)",
+    )
+    parser.add_argument(
+        "--prefill-depth", type=int, default=None, help="Jacobi cache iterations (default: the model's d_forward)"
+    )
+    parser.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0, help="0 = no top-k filtering")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda, cuda:1, ...")
+    parser.add_argument("--dtype", default="auto", choices=("auto", *DTYPES), help="auto = as saved")
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "generate",
+        help="generate text from a saved model, streaming tokens",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_arguments(parser)
+    parser.set_defaults(func=run_generate)
+    return parser
+
+
+def settings_from_args(args: argparse.Namespace) -> GenerationSettings:
+    settings = GenerationSettings(
+        max_new_tokens=args.max_new_tokens,
+        prefill=args.prefill,
+        prefill_depth=args.prefill_depth,
+        do_sample=args.do_sample,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+    )
+    settings.validate()
+    return settings
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    """Load, generate with streaming, end with a newline. Setup problems exit with code 2 and one line."""
+    try:
+        settings = settings_from_args(args)
+        tokenizer = load_tokenizer(args.model_dir)
+        model = load_model(args.model_dir, device=args.device, dtype=args.dtype)
+    except (ModelDirectoryError, ValueError) as err:
+        print(f"t2mlr generate: error: {err}", file=sys.stderr)
+        return 2
+    prompt = args.prompt if args.prompt is not None else sys.stdin.read()
+    streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
+    try:
+        generate_text(model, tokenizer, prompt, settings, streamer=streamer)
+    except ValueError as err:  # e.g. a prompt longer than the model's position limit
+        print(f"\nt2mlr generate: error: {err}", file=sys.stderr)
+        return 2
+    print(flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run `generate` on its own: `python -m t2mlr.generation.commands MODEL_DIR --prompt ...`."""
+    parser = argparse.ArgumentParser(prog="t2mlr generate", description=__doc__)
+    add_arguments(parser)
+    return run_generate(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

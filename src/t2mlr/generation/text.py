@@ -1,0 +1,100 @@
+"""Prompt-to-text generation with a chosen prefill path, streaming tokens as they are produced.
+
+Decoding is one token per step, where T²MLR's exact and Jacobi paths coincide; only the prompt's
+forward (the prefill) differs: "exact" runs the recurrent middle block token by token (the model's
+definition), "jacobi" runs it in parallel with `prefill_depth` cache iterations (faster, exact only
+when the depth exceeds the prompt length). The choice is always passed to `generate()` explicitly, so
+the path never depends on the config's defaults.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers.generation.streamers import BaseStreamer
+
+from t2mlr.model import T2MLRForCausalLM
+
+PREFILL_PATHS = ("exact", "jacobi")
+
+
+@dataclass
+class GenerationSettings:
+    """What `t2mlr generate` lets the user choose."""
+
+    max_new_tokens: int = 128
+    prefill: str = "exact"
+    prefill_depth: int | None = None
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+
+    def validate(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.prefill not in PREFILL_PATHS:
+            raise ValueError(f"prefill must be one of {PREFILL_PATHS}, got {self.prefill!r}")
+        if self.prefill_depth is not None and self.prefill != "jacobi":
+            raise ValueError("--prefill-depth applies to --prefill jacobi only")
+        if self.prefill_depth is not None and self.prefill_depth < 1:
+            raise ValueError(f"prefill_depth must be >= 1, got {self.prefill_depth}")
+        if not self.do_sample and (self.temperature != 1.0 or self.top_p != 1.0 or self.top_k != 0):
+            raise ValueError("--temperature, --top-p and --top-k need --do-sample (greedy decoding ignores them)")
+        if self.temperature <= 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
+            raise ValueError("need temperature > 0, 0 < top_p <= 1 and top_k >= 0")
+
+
+def generate_kwargs(model: PreTrainedModel, settings: GenerationSettings) -> dict:
+    """Keyword arguments for `model.generate`: decoding strategy plus, for T²MLR, the prefill path.
+
+    A plain transformers model (e.g. the parameter-matched baseline) has no prefill choice; asking for
+    Jacobi prefill on one is an error rather than being ignored.
+    """
+    settings.validate()
+    kwargs: dict = {"max_new_tokens": settings.max_new_tokens, "do_sample": settings.do_sample}
+    if settings.do_sample:
+        kwargs.update(temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k)
+    if isinstance(model, T2MLRForCausalLM):
+        kwargs["prefill"] = settings.prefill
+        if settings.prefill == "jacobi":
+            kwargs["prefill_depth"] = settings.prefill_depth
+    elif settings.prefill != "exact" or settings.prefill_depth is not None:
+        raise ValueError(f"{type(model).__name__} is not a T²MLR model: it has no Jacobi prefill")
+    return kwargs
+
+
+def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str, device: torch.device) -> dict[str, torch.Tensor]:
+    """Token ids and attention mask of one prompt; an empty encoding falls back to BOS alone."""
+    encoded = tokenizer(prompt, return_tensors="pt")
+    if encoded["input_ids"].shape[1] == 0:
+        if tokenizer.bos_token_id is None:
+            raise ValueError("the prompt encodes to no tokens and the tokenizer has no BOS token to start from")
+        ids = torch.tensor([[tokenizer.bos_token_id]])
+        encoded = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    return {name: encoded[name].to(device) for name in ("input_ids", "attention_mask")}
+
+
+def generate_text(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompt: str,
+    settings: GenerationSettings,
+    streamer: BaseStreamer | None = None,
+) -> str:
+    """The continuation of `prompt` (special tokens dropped); tokens also go to `streamer` as they come."""
+    kwargs = generate_kwargs(model, settings)
+    if settings.seed is not None:
+        torch.manual_seed(settings.seed)
+    inputs = encode_prompt(tokenizer, prompt, model.device)
+    if isinstance(model, T2MLRForCausalLM) and model.config.recurrence_mask_policy == "mask":
+        # "response tokens only" models: the prompt does not fuse R, every generated token does
+        inputs["recurrence_mask"] = torch.zeros_like(inputs["input_ids"], dtype=torch.bool)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    with torch.no_grad():
+        output = model.generate(**inputs, **kwargs, pad_token_id=pad, streamer=streamer)
+    continuation = output[0, inputs["input_ids"].shape[1] :]
+    return tokenizer.decode(continuation, skip_special_tokens=True)

@@ -1,0 +1,355 @@
+"""Generation through `generate()` hands the recurrent state over correctly (SPEC §5.3), and the
+`t2mlr generate` command streams it.
+
+Every test compares decoding against the exact forward over the final sequence (the definition): a
+wrong handoff of R from the prompt to the first decode step, a wrong reordering under beam search,
+a wrong expansion for num_return_sequences or a wrong crop all change logits there.
+
+"Recurrence over the prompt on and off" is tested as: gates open (the prompt writes a non-trivial R
+that decoding must continue from) and gates closed (the recurrence contributes nothing, so T²MLR
+decoding must equal its base model's own `generate`, token for token and logit for logit).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import VOCAB, random_ids, tiny_model
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedModel, PreTrainedTokenizerFast
+
+from t2mlr.generation import GenerationSettings, generate_kwargs, matched_hidden_size
+from t2mlr.generation.commands import register
+from t2mlr.generation.matching import count_parameters, head_dim_of, parameter_count_of_config, widened_config
+from t2mlr.model import T2MLRCache, T2MLRForCausalLM
+
+TOL = 1e-4
+GREEDY = dict(do_sample=False, pad_token_id=0)
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """Tiny models run fastest on one thread, and on a shared 2-core machine a second torch thread
+    spin-waits against other processes (10x slower runs); restored afterwards for other test files."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _generate(model: PreTrainedModel, ids: torch.Tensor, mask: torch.Tensor | None = None, new: int = 6, **kwargs: Any):
+    return model.generate(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids) if mask is None else mask,
+        max_new_tokens=new,
+        min_new_tokens=new,
+        return_dict_in_generate=True,
+        output_logits=True,
+        **{**GREEDY, **kwargs},
+    )
+
+
+def _exact_logits(model: T2MLRForCausalLM, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(ids, recurrence="exact").logits
+
+
+def _left_pad(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row) :] = row
+        mask[i, width - len(row) :] = 1
+    return ids, mask
+
+
+def _assert_decoding_matches_exact(model: T2MLRForCausalLM, prompt: torch.Tensor, out: Any) -> None:
+    """Logits of every generated step equal the exact forward's logits over the final sequence."""
+    generated = torch.stack(out.logits, dim=1)
+    expected = _exact_logits(model, out.sequences)[:, prompt.shape[1] - 1 : -1]
+    assert (generated - expected).abs().max() <= TOL
+
+
+# ----------------------------------------------------------------------------- prefill → decode handoff
+@pytest.mark.parametrize("gates", [True, False], ids=["gates-open", "gates-closed"])
+@pytest.mark.parametrize("prefill", [dict(prefill="exact"), dict(prefill="jacobi", prefill_depth=10)], ids=["exact", "jacobi-full"])
+def test_greedy_decoding_reproduces_the_exact_forward(gates: bool, prefill: dict) -> None:
+    model = tiny_model(dtype=torch.float32, gates=gates)
+    prompt = random_ids(1, 9)
+    out = _generate(model, prompt, new=8, **prefill)
+    _assert_decoding_matches_exact(model, prompt, out)
+    with torch.no_grad():  # the prefill itself (with a cache) gives the exact prompt logits too
+        cached = model(prompt, past_key_values=T2MLRCache(config=model.config), recurrence="exact").logits
+    assert (cached - _exact_logits(model, prompt)).abs().max() <= TOL
+    if not gates:  # closed gates: T²MLR is its base model, so decoding must be the base model's
+        base = _generate(model.base, prompt, new=8)
+        assert torch.equal(base.sequences, out.sequences)
+        assert (torch.stack(base.logits, 1) - torch.stack(out.logits, 1)).abs().max() <= TOL
+
+
+def test_open_gates_change_what_is_decoded() -> None:
+    """Guard for the test above: with open gates the recurrence really changes the logits."""
+    prompt = random_ids(1, 9)
+    opened = _generate(tiny_model(dtype=torch.float32, gates=True), prompt)
+    closed = _generate(tiny_model(dtype=torch.float32, gates=False), prompt)
+    assert (torch.stack(opened.logits, 1) - torch.stack(closed.logits, 1)).abs().max() > 1e-2
+
+
+# ----------------------------------------------------------------------------- padding and batches
+@pytest.mark.parametrize("prefill", [dict(prefill="exact"), dict(prefill="jacobi", prefill_depth=2)], ids=["exact", "jacobi-2"])
+def test_left_padded_batch_generation_equals_each_row_alone(prefill: dict) -> None:
+    model = tiny_model(dtype=torch.float32)
+    rows = [random_ids(1, n, seed=n)[0] for n in (5, 9, 3)]
+    ids, mask = _left_pad(rows)
+    batch = _generate(model, ids, mask, new=7, **prefill)
+    width = ids.shape[1]
+    for i, row in enumerate(rows):
+        alone = _generate(model, row[None], new=7, **prefill)
+        assert torch.equal(batch.sequences[i, width:], alone.sequences[0, len(row) :])
+        step_logits = torch.stack([step[i] for step in batch.logits])
+        assert (step_logits - torch.stack(alone.logits, 1)[0]).abs().max() <= TOL
+
+
+# ----------------------------------------------------------------------------- beam search
+BEAMS = dict(num_beams=4, length_penalty=0.0, output_scores=True, prefill="exact")
+
+
+def _sequence_logprob(model: T2MLRForCausalLM, sequence: torch.Tensor, prompt_length: int) -> float:
+    logprobs = torch.log_softmax(_exact_logits(model, sequence[None]).double(), dim=-1)[0]
+    targets = sequence[prompt_length:]
+    return float(logprobs[prompt_length - 1 : -1].gather(-1, targets[:, None]).sum())
+
+
+def test_beam_search_score_is_the_exact_sequence_logprob() -> None:
+    model = tiny_model(dtype=torch.float32)
+    prompt = random_ids(1, 7)
+    out = _generate(model, prompt, new=6, **BEAMS)
+    expected = _sequence_logprob(model, out.sequences[0], prompt.shape[1])
+    assert abs(float(out.sequences_scores[0]) - expected) <= TOL
+
+
+def test_beam_search_gives_each_row_the_beams_it_gets_alone() -> None:
+    model = tiny_model(dtype=torch.float32)
+    rows = [random_ids(1, n, seed=10 + n)[0] for n in (4, 8)]
+    ids, mask = _left_pad(rows)
+    batch = _generate(model, ids, mask, new=6, num_return_sequences=2, **BEAMS)
+    width = ids.shape[1]
+    for i, row in enumerate(rows):
+        alone = _generate(model, row[None], new=6, num_return_sequences=2, **BEAMS)
+        assert torch.equal(batch.sequences[2 * i : 2 * i + 2, width:], alone.sequences[:, len(row) :])
+        assert (batch.sequences_scores[2 * i : 2 * i + 2] - alone.sequences_scores).abs().max() <= TOL
+
+
+# ----------------------------------------------------------------------------- Jacobi prefill handoff
+def _prefill(model: T2MLRForCausalLM, prompt: torch.Tensor, **path: Any) -> tuple[torch.Tensor, T2MLRCache]:
+    cache = T2MLRCache(config=model.config)
+    with torch.no_grad():
+        logits = model(prompt, past_key_values=cache, use_cache=True, **path).logits
+    return logits, cache
+
+
+def test_jacobi_prefill_at_full_depth_hands_over_the_exact_state() -> None:
+    model = tiny_model(dtype=torch.float32)
+    prompt = random_ids(2, 8)
+    for depth in (prompt.shape[1] + 1, prompt.shape[1] + 5):
+        exact_logits, exact = _prefill(model, prompt, recurrence="exact")
+        logits, cache = _prefill(model, prompt, recurrence="jacobi", d_forward=depth, d_backward=1)
+        assert (logits[:, -1] - exact_logits[:, -1]).abs().max() <= TOL
+        assert cache.recurrent_states.shape == exact.recurrent_states.shape == (2, 8, model.config.hidden_size)
+        assert (cache.recurrent_states - exact.recurrent_states).abs().max() <= TOL
+        for mine, ref in zip(cache.layers, exact.layers):
+            assert (mine.keys - ref.keys).abs().max() <= TOL
+            assert (mine.values - ref.values).abs().max() <= TOL
+        step = random_ids(2, 1, seed=5)  # and the next decode step continues identically
+        with torch.no_grad():
+            after = model(step, past_key_values=cache, recurrence="exact").logits
+            after_exact = model(step, past_key_values=exact, recurrence="exact").logits
+        assert (after - after_exact).abs().max() <= TOL
+
+
+def test_shallow_jacobi_prefill_is_an_approximation() -> None:
+    """Guard: at depth 1 the handed-over state differs, so the full-depth test can fail."""
+    model = tiny_model(dtype=torch.float32)
+    prompt = random_ids(1, 8)
+    _, exact = _prefill(model, prompt, recurrence="exact")
+    _, shallow = _prefill(model, prompt, recurrence="jacobi", d_forward=1, d_backward=1)
+    assert (shallow.recurrent_states - exact.recurrent_states).abs().max() > 1e-3
+
+
+# ----------------------------------------------------------------------------- expansion and cropping
+def test_num_return_sequences_keeps_each_sample_on_its_own_state() -> None:
+    model = tiny_model(dtype=torch.float32)
+    rows = [random_ids(1, n, seed=20 + n)[0] for n in (6, 3)]
+    ids, mask = _left_pad(rows)
+    torch.manual_seed(0)
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        do_sample=True,
+        top_k=0,
+        num_return_sequences=3,
+        max_new_tokens=6,
+        min_new_tokens=6,
+        return_dict_in_generate=True,
+        output_logits=True,
+        pad_token_id=0,
+        prefill="exact",
+    )
+    width = ids.shape[1]
+    for r in range(6):
+        row = rows[r // 3]
+        sequence = torch.cat([row, out.sequences[r, width:]])[None]
+        expected = _exact_logits(model, sequence)[0, len(row) - 1 : -1]
+        assert (torch.stack([step[r] for step in out.logits]) - expected).abs().max() <= TOL
+    assert len({tuple(s.tolist()) for s in out.sequences}) > 2  # the samples really differ
+
+
+def test_cropped_cache_continues_as_if_never_extended() -> None:
+    model = tiny_model(dtype=torch.float32)
+    prompt, detour, path = random_ids(2, 6), random_ids(2, 4, seed=2), random_ids(2, 3, seed=3)
+    _, cache = _prefill(model, torch.cat([prompt, detour], 1), recurrence="exact")
+    cache.crop(-detour.shape[1])
+    assert cache.get_seq_length() == cache.recurrent_states.shape[1] == prompt.shape[1]
+    with torch.no_grad():
+        resumed = model(path, past_key_values=cache, recurrence="exact").logits
+    _, direct = _prefill(model, prompt, recurrence="exact")
+    with torch.no_grad():
+        straight = model(path, past_key_values=direct, recurrence="exact").logits
+    assert (resumed - straight).abs().max() <= TOL
+    assert (cache.recurrent_states - direct.recurrent_states).abs().max() <= TOL
+
+
+def test_prompt_lookup_decoding_crops_and_matches_plain_greedy() -> None:
+    """Prompt-lookup (assisted) decoding verifies guessed tokens and crops the cache back to the accepted
+    ones; with R cropped alongside the KV cache it must reproduce plain greedy decoding."""
+    model = tiny_model(dtype=torch.float32, seed=2)
+    ids = random_ids(1, 6, seed=2)
+    prompt = torch.cat([ids, ids, ids[:, :3]], dim=1)  # repeated n-grams, so lookup proposes candidates
+    crops: list[int] = []
+    original = T2MLRCache.crop
+
+    def counting_crop(self: T2MLRCache, tokens: int) -> None:
+        crops.append(tokens)
+        original(self, tokens)
+
+    T2MLRCache.crop = counting_crop
+    try:
+        assisted = _generate(model, prompt, new=12, prompt_lookup_num_tokens=3, prefill="exact")
+    finally:
+        T2MLRCache.crop = original
+    plain = _generate(model, prompt, new=12, prefill="exact")
+    assert any(tokens < 0 for tokens in crops)  # some candidates were rejected and cropped away
+    assert torch.equal(assisted.sequences, plain.sequences)
+
+
+# ----------------------------------------------------------------------------- settings and the CLI
+def test_generate_kwargs_pin_the_prefill_path() -> None:
+    model = tiny_model(dtype=torch.float32)
+    assert generate_kwargs(model, GenerationSettings(max_new_tokens=3))["prefill"] == "exact"
+    jacobi = generate_kwargs(model, GenerationSettings(prefill="jacobi", prefill_depth=4))
+    assert (jacobi["prefill"], jacobi["prefill_depth"]) == ("jacobi", 4)
+    with pytest.raises(ValueError, match="not a T²MLR model"):
+        generate_kwargs(model.base, GenerationSettings(prefill="jacobi"))
+    with pytest.raises(ValueError, match="jacobi only"):
+        generate_kwargs(model, GenerationSettings(prefill_depth=4))
+    with pytest.raises(ValueError, match="need --do-sample"):
+        generate_kwargs(model, GenerationSettings(top_p=0.9))
+
+
+def test_jacobi_prefill_then_assisted_decoding_continues_exactly() -> None:
+    """Verification chunks after a Jacobi prefill run token by token on the exact path."""
+    model = tiny_model(dtype=torch.float32, seed=2)
+    ids = random_ids(1, 6, seed=2)
+    prompt = torch.cat([ids, ids, ids[:, :3]], dim=1)  # repeats give prompt lookup candidates
+    assisted = _generate(model, prompt, new=8, prefill="jacobi", prefill_depth=16, prompt_lookup_num_tokens=3)
+    plain = _generate(model, prompt, new=8, prefill="exact")
+    assert torch.equal(assisted.sequences, plain.sequences)
+
+
+def test_masked_recurrence_model_generates_with_prompt_mask() -> None:
+    """recurrence_mask_policy="mask": the prompt follows the given mask, generated tokens recur."""
+    model = tiny_model(dtype=torch.float32, recurrence_mask_policy="mask")
+    prompt = random_ids(2, 5)
+    prompt_mask = torch.tensor([[False] * 5, [False, False, True, True, True]])
+    out = _generate(model, prompt, new=4, recurrence_mask=prompt_mask)
+    full_mask = torch.cat([prompt_mask, torch.ones(2, 4, dtype=torch.bool)], dim=1)
+    with torch.no_grad():
+        logits = model(out.sequences, recurrence_mask=full_mask, recurrence="exact").logits
+    assert (torch.stack(out.logits, dim=1) - logits[:, 4:8]).abs().max() <= 1e-4
+    with pytest.raises(ValueError, match="pass generate"):
+        _generate(model, prompt, new=2)
+
+
+# The words of the shipped lm-eval toy task (tests/test_lm_eval.py reuses this tokenizer), 51 symbols.
+WORDS = (
+    "Question Answer : . what color is the sky blue green red grass how many legs has a dog two six four plus "
+    "five three which animal says moo cat cow do bees make milk bread honey season cold winter summer spring "
+    "frozen water steam ice sand"
+).split()
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """Word-level tokenizer whose special ids match the tiny test configs (pad 0, bos 1, eos 2)."""
+    vocab = ["<pad>", "<bos>", "<eos>", "<unk>", *WORDS]
+    vocab += [f"w{i}" for i in range(VOCAB - len(vocab))]
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
+    )
+
+
+def save_model_dir(path: Path, with_tokenizer: bool = True, **model_kwargs: Any) -> Path:
+    """A tiny float32 T²MLR model (gates open) saved with its tokenizer: what `t2mlr generate` and the
+    lm-eval model load."""
+    model = tiny_model(dtype=torch.float32, **model_kwargs)
+    model.save_pretrained(path)
+    if with_tokenizer:
+        build_tokenizer().save_pretrained(path)
+    return path
+
+
+def _run_cli(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["generate", *argv])
+    return args.func(args)
+
+
+@pytest.mark.parametrize("prefill", [[], ["--prefill", "jacobi", "--prefill-depth", "16"]], ids=["exact", "jacobi"])
+def test_generate_command_streams_the_greedy_continuation(tmp_path, capsys, prefill: list[str]) -> None:
+    model_dir = save_model_dir(tmp_path / "model")
+    code = _run_cli([str(model_dir), "--prompt", "what color is the sky", "--max-new-tokens", "5", "--device", "cpu", *prefill])
+    assert code == 0
+    printed = capsys.readouterr().out.strip()
+    tokenizer, model = build_tokenizer(), tiny_model(dtype=torch.float32)
+    ids = torch.tensor([tokenizer.encode("what color is the sky")])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=5, **GREEDY, prefill="exact")
+    assert printed == tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True).strip()
+
+
+def test_generate_command_explains_a_missing_tokenizer(tmp_path, capsys) -> None:
+    model_dir = save_model_dir(tmp_path / "model", with_tokenizer=False)
+    assert _run_cli([str(model_dir), "--prompt", "what color"]) == 2
+    assert "has no tokenizer" in capsys.readouterr().err
+    assert _run_cli([str(tmp_path / "nowhere"), "--prompt", "x"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- parameter matching
+def test_matched_hidden_size_keeps_heads_and_reaches_the_parameter_count() -> None:
+    model = tiny_model(dtype=torch.float32, l_start=2, l_end=3)
+    base_config = model.config.base_config
+    target = count_parameters(model)
+    hidden = matched_hidden_size(base_config, target)
+    widened = widened_config(base_config, hidden)
+    assert widened.num_attention_heads == base_config.num_attention_heads
+    assert head_dim_of(widened) == head_dim_of(base_config) == 8
+    assert parameter_count_of_config(widened) >= target > parameter_count_of_config(widened_config(base_config, hidden - 1))
+    assert count_parameters(model.base) == parameter_count_of_config(base_config)
