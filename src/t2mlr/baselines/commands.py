@@ -1,0 +1,98 @@
+"""`t2mlr params`: parameter counts of T²MLR and its matched baselines, side by side.
+
+    t2mlr params                      # every preset
+    t2mlr params --preset smollm2-135m
+
+Presets: the S5-Retrieval models (`s5-tiny`, `s5-cpu`, `s5-paper`, from `t2mlr.experiments.s5_presets`)
+and SmolLM2-135M with T²MLR(13, 18) (the paper's main placement; built from its published shape, no
+download). Counts are exact (meta-device builds of the real modules).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from transformers import LlamaConfig
+
+from t2mlr.baselines.matching import MatchedSet, matched_models
+from t2mlr.model import T2MLRConfig
+
+__all__ = ["PARAM_PRESETS", "main", "register", "smollm2_135m_config"]
+
+
+def smollm2_135m_config(l_start: int = 13, l_end: int = 18) -> T2MLRConfig:
+    """T²MLR on the SmolLM2-135M shape: 30 blocks, hidden 576, 9 heads (3 KV) of 64, MLP 1536, tied 49152 vocab."""
+    base = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=64,
+        max_position_embeddings=8192,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+    )
+    return T2MLRConfig.from_base(base, l_start=l_start, l_end=l_end)
+
+
+def _s5_config(name: str) -> Callable[[], T2MLRConfig]:
+    def build() -> T2MLRConfig:
+        from t2mlr.experiments.s5_presets import get_preset, t2mlr_config
+        from t2mlr.tasks.tokenizers import build_s5_tokenizer
+
+        preset = get_preset(name)
+        return t2mlr_config(preset, len(build_s5_tokenizer(preset.k, preset.alphabet)))
+
+    return build
+
+
+PARAM_PRESETS: dict[str, Callable[[], T2MLRConfig]] = {
+    "s5-tiny": _s5_config("tiny"),
+    "s5-cpu": _s5_config("cpu"),
+    "s5-paper": _s5_config("paper"),
+    "smollm2-135m": smollm2_135m_config,
+}
+
+
+def format_table(name: str, matched: MatchedSet) -> str:
+    """A plain-text table: model, hidden size, parameters, ratio to T²MLR."""
+    cfg = matched.t2mlr
+    lines = [f"{name}: T²MLR({cfg.l_start},{cfg.l_end}) on {cfg.num_layers} blocks, vocab {cfg.vocab_size}"]
+    lines.append(f"  {'model':<24}{'hidden':>8}{'parameters':>15}{'× T²MLR':>10}")
+    for model, hidden, count in matched.rows():
+        lines.append(f"  {model:<24}{hidden:>8}{count:>15,}{count / matched.t2mlr_params:>10.4f}")
+    return "\n".join(lines)
+
+
+def run_params(args: argparse.Namespace) -> int:
+    names = list(PARAM_PRESETS) if args.preset == "all" else [args.preset]
+    tables = [format_table(name, matched_models(PARAM_PRESETS[name]())) for name in names]
+    print("\n\n".join(tables))
+    return 0
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add `params` to a main CLI's subparsers; the handler returns an exit code."""
+    parser = subparsers.add_parser(
+        "params", help="parameter counts of T²MLR and its matched Transformer and LSTM",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--preset", choices=("all", *PARAM_PRESETS), default="all", help="model shape (default: all)")
+    parser.set_defaults(func=run_params)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run `params` standalone: `python -m t2mlr.baselines.commands params`."""
+    parser = argparse.ArgumentParser(prog="t2mlr")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,168 @@
+"""The LSTM language-model baseline of the S5-Retrieval experiment (paper §5: a 4-layer LSTM).
+
+Embedding → `nn.LSTM(num_layers)` → Linear head, as a `PreTrainedModel` so it trains, saves and
+loads exactly like T²MLR and the matched Transformer (`save_pretrained`, `AutoModelForCausalLM`).
+Its hidden size is searched so its parameter count matches T²MLR's (`t2mlr.baselines.matching`).
+
+Interface shared with the other models: `forward(input_ids, attention_mask=None, labels=None)` returns
+`.logits` and, with labels, `.loss` (standard causal-LM labels: logits[t] is scored against
+labels[t+1], -100 ignored).
+
+* Padding (left or right) never reaches the recurrence: the real tokens of each row are run as one
+  packed sequence, and pad positions get the logits of a zero hidden state. So a row's logits do not
+  depend on its padding, as for T²MLR (SPEC §4).
+* `position_ids` is only checked: an LSTM has no positions, but a row that packs several documents
+  (positions restarting at 0 mid-row) would carry state across them, so it is refused.
+* Every other keyword (T²MLR's `recurrence`, `d_forward`, `d_backward`, `jacobi_tol`, `use_cache`, …)
+  is accepted and ignored, so one call site drives every model of a comparison; an LSTM has a single
+  forward path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+from transformers import PretrainedConfig, PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutput
+
+__all__ = ["LSTMBackbone", "T2MLRLSTMConfig", "T2MLRLSTMForCausalLM"]
+
+IGNORE_INDEX = -100
+
+
+class T2MLRLSTMConfig(PretrainedConfig):
+    """Vocabulary, width and depth of the LSTM baseline; the embedding width equals `hidden_size`."""
+
+    model_type = "t2mlr_lstm"
+
+    def __init__(
+        self,
+        vocab_size: int = 188,
+        hidden_size: int = 256,
+        num_layers: int = 4,
+        initializer_range: float = 0.02,
+        pad_token_id: int | None = 0,
+        bos_token_id: int | None = 1,
+        eos_token_id: int | None = 2,
+        **kwargs: Any,
+    ) -> None:
+        for name, value in (("vocab_size", vocab_size), ("hidden_size", hidden_size), ("num_layers", num_layers)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.num_layers = num_layers
+        self.initializer_range = initializer_range
+        kwargs["tie_word_embeddings"] = False  # separate embedding and head, as the paper's baseline
+        super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id, **kwargs)
+
+
+class LSTMBackbone(nn.Module):
+    """Token embedding and the stacked LSTM (no dropout: the baselines train without regularisers)."""
+
+    def __init__(self, config: T2MLRLSTMConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.lstm = nn.LSTM(config.hidden_size, config.hidden_size, num_layers=config.num_layers, batch_first=True)
+
+    @property
+    def layers(self) -> tuple[nn.Module, ...]:
+        """The trainer's per-layer units (FSDP wrapping): the stacked LSTM is a single unit."""
+        return (self.lstm,)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """Hidden states (batch, seq, hidden); zero at padding positions."""
+        embeds = self.embed_tokens(input_ids)
+        if attention_mask is None or bool(attention_mask.all()):
+            return self.lstm(embeds)[0]
+        return self._packed(embeds, attention_mask.bool())
+
+    def _packed(self, embeds: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+        """Run only the real tokens of each row (moved to the front, order kept), then put them back."""
+        order = torch.argsort((~real).to(torch.int8), dim=1, stable=True)  # real tokens first, in order
+        lengths = real.sum(dim=1)
+        if bool((lengths == 0).any()):
+            raise ValueError("attention_mask has a row without any real token")
+        index = order[..., None].expand(-1, -1, embeds.shape[-1])
+        front = embeds.gather(1, index)
+        packed = pack_padded_sequence(front, lengths.cpu(), batch_first=True, enforce_sorted=False)
+        out, _ = self.lstm(packed)
+        out, _ = pad_packed_sequence(out, batch_first=True, total_length=embeds.shape[1])
+        return torch.zeros_like(out).scatter(1, index, out)
+
+
+class T2MLRLSTMForCausalLM(PreTrainedModel):
+    """LSTM causal LM with the same forward/save/load interface as T²MLR (see the module docstring)."""
+
+    config_class = T2MLRLSTMConfig
+    base_model_prefix = "model"
+    main_input_name = "input_ids"
+    _no_split_modules = ["LSTMBackbone"]
+
+    def __init__(self, config: T2MLRLSTMConfig) -> None:
+        super().__init__(config)
+        self.model = LSTMBackbone(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        self.model.embed_tokens = value
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.lm_head
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        **unused: Any,
+    ) -> CausalLMOutput:
+        """Logits (and the causal-LM loss when `labels` is given); `unused` keywords are ignored (see module)."""
+        _check_ids(input_ids, self.config.vocab_size)
+        if attention_mask is not None and tuple(attention_mask.shape) != tuple(input_ids.shape):
+            raise ValueError(
+                f"attention_mask must have the shape of input_ids {tuple(input_ids.shape)}, got {tuple(attention_mask.shape)}"
+            )
+        _check_single_document(position_ids, attention_mask)
+        logits = self.lm_head(self.model(input_ids, attention_mask))
+        loss = None if labels is None else causal_lm_loss(logits, labels)
+        return CausalLMOutput(loss=loss, logits=logits)
+
+
+def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of logits[t] against labels[t+1] over labels that are not -100."""
+    if labels.shape != logits.shape[:2]:
+        raise ValueError(f"labels must have shape {tuple(logits.shape[:2])}, got {tuple(labels.shape)}")
+    shifted_logits = logits[:, :-1].float().reshape(-1, logits.shape[-1])
+    shifted_labels = labels[:, 1:].reshape(-1).to(logits.device)
+    return nn.functional.cross_entropy(shifted_logits, shifted_labels, ignore_index=IGNORE_INDEX)
+
+
+def _check_ids(input_ids: torch.Tensor, vocab_size: int) -> None:
+    if input_ids.dim() != 2 or input_ids.shape[1] == 0:
+        raise ValueError(f"input_ids must have shape (batch, seq) with seq >= 1, got {tuple(input_ids.shape)}")
+    low, high = int(input_ids.min()), int(input_ids.max())
+    if low < 0 or high >= vocab_size:
+        raise ValueError(f"token ids must lie in [0, {vocab_size}), got range [{low}, {high}]")
+
+
+def _check_single_document(position_ids: torch.Tensor | None, attention_mask: torch.Tensor | None) -> None:
+    """Refuse rows whose positions restart at 0 after their first real token (packed documents)."""
+    if position_ids is None:
+        return
+    real = torch.ones_like(position_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    starts = (position_ids == 0) & real
+    later = starts & (real.long().cumsum(dim=1) > 1)
+    if bool(later.any()):
+        raise ValueError(
+            "the LSTM baseline cannot reset its state inside a row: position_ids restart at 0 mid-row "
+            "(packed documents); give it one document per row"
+        )

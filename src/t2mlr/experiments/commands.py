@@ -1,0 +1,82 @@
+"""`t2mlr experiment …`: the paper's experiments end to end.
+
+    t2mlr experiment s5-retrieval --preset cpu --out runs/s5      # ~20 min on 2 CPU cores
+    t2mlr experiment s5-retrieval --preset paper --out runs/s5    # GPU, paper settings
+    t2mlr experiment s5-retrieval --preset tiny --out /tmp/s5     # seconds: pipeline check only
+
+Writes OUT/results.md, OUT/results.json, OUT/accuracy_vs_length.png, the data under OUT/data and one
+training run directory per model (checkpoints, metrics.jsonl, train.log). Exit codes: 0 done,
+1 training stopped (non-finite loss), 2 bad input or an existing run directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["main", "register"]
+
+
+def run_s5(args: argparse.Namespace) -> int:
+    from t2mlr.experiments.s5_presets import get_preset
+    from t2mlr.experiments.s5_retrieval import run_experiment
+    from t2mlr.training.checkpoint import CheckpointError
+    from t2mlr.training.config import ConfigError
+    from t2mlr.training.trainer import NonFiniteLossError
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    try:
+        preset = get_preset(args.preset)
+        if args.steps is not None:
+            preset = preset.with_steps(**{name: args.steps for name in preset.steps})
+        run_experiment(preset, args.out, device=args.device, models=tuple(args.models),
+                       resume=args.resume, overwrite=args.overwrite)
+    except NonFiniteLossError as err:
+        print(f"t2mlr experiment: training stopped: {err}", file=sys.stderr)
+        return 1
+    except (ValueError, FileExistsError, ConfigError, CheckpointError) as err:
+        print(f"t2mlr experiment: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _add_s5(sub: Any) -> None:
+    p = sub.add_parser("s5-retrieval", help="S5-Retrieval: T²MLR vs matched Transformer and LSTM",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", choices=("cpu", "paper", "tiny"), default="cpu", help="settings (default: cpu)")
+    p.add_argument("--out", type=Path, default=Path("runs/s5"), help="output directory (default: runs/s5)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="training device (default: auto)")
+    p.add_argument("--models", nargs="+", choices=("t2mlr", "transformer", "lstm"),
+                   default=["t2mlr", "transformer", "lstm"], help="models to train (default: all three)")
+    p.add_argument("--steps", type=int, default=None, help="override every model's training steps")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--resume", action="store_true", help="continue (or only re-evaluate) existing runs in --out")
+    group.add_argument("--overwrite", action="store_true", help="delete existing runs in --out first")
+    p.set_defaults(func=run_s5)
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the `experiment` group to a main CLI's subparsers; every leaf sets `func`."""
+    parser = subparsers.add_parser("experiment", help="run a paper experiment end to end")
+    sub = parser.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
+    _add_s5(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run standalone: `python -m t2mlr.experiments.commands experiment s5-retrieval --preset tiny`."""
+    parser = argparse.ArgumentParser(prog="t2mlr")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

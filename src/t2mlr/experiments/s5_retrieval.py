@@ -1,0 +1,380 @@
+"""The S5-Retrieval experiment (paper §5): T²MLR vs a parameter-matched Transformer and LSTM.
+
+`run_experiment(preset, out)` does everything `t2mlr experiment s5-retrieval` promises:
+
+1. data: the tokenizer, the held-out evaluation set (`eval.jsonl`, every N of the preset's evaluation
+   range) and a peek at the training stream (`train_sample.jsonl`); training rows are generated on
+   demand, deterministically per index (`t2mlr.experiments.s5_data`);
+2. training of the three models with the project trainer (`t2mlr.training`), one run directory each:
+   T²MLR on the preset's training path (exact or Jacobi), the matched Transformer and the matched LSTM
+   (`t2mlr.baselines`), all with AdamW + warmup + cosine and the same batch size;
+3. teacher-forced evaluation per N, T²MLR on its **exact** path (`t2mlr.experiments.s5_eval`);
+4. `results.md`, `results.json` and `accuracy_vs_length.png`.
+
+Label alignment (transduction vs the models' internal causal shift) is explained in
+`t2mlr.experiments.s5_data`: labels are shifted right by one and each row ends with one extra `<eos>`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+from transformers import PretrainedConfig, PreTrainedTokenizerBase
+
+import t2mlr.baselines  # noqa: F401  (registers the baseline model types the trainer builds by name)
+from t2mlr.analysis.s5_plots import plot_accuracy_vs_length
+from t2mlr.baselines.matching import MatchedSet, count_parameters, matched_models
+from t2mlr.experiments.s5_data import S5DataSpec
+from t2mlr.experiments.s5_eval import NMetrics, evaluate_by_n, summarize
+from t2mlr.experiments.s5_presets import MODEL_NAMES, S5Preset, t2mlr_config
+from t2mlr.tasks.jsonl import read_jsonl, write_jsonl
+from t2mlr.tasks.tokenizers import build_s5_tokenizer
+from t2mlr.training.config import TrainConfig, config_from_tree
+from t2mlr.training.model_factory import build_model, load_initial_weights
+from t2mlr.training.trainer import train
+
+__all__ = ["ModelResult", "run_experiment"]
+
+LABELS = {"t2mlr": "T²MLR", "transformer": "Transformer (matched)", "lstm": "LSTM (matched)"}
+RESULTS_MD, RESULTS_JSON, FIGURE = "results.md", "results.json", "accuracy_vs_length.png"
+TRAIN_PEEK = 200  # training rows written out for inspection
+_DROP_KEYS = {"transformers_version", "architectures", "_name_or_path", "dtype"}
+
+
+@dataclass
+class ModelResult:
+    """One trained model's numbers, as written to results.json."""
+
+    name: str
+    label: str
+    parameters: int
+    steps: int
+    train_seconds: float
+    eval_seconds: float
+    per_n: dict[int, NMetrics] = field(default_factory=dict)
+    train_path: str = ""
+
+
+# ---------------------------------------------------------------------------------------------- data
+
+
+def data_spec(preset: S5Preset) -> S5DataSpec:
+    return S5DataSpec(preset.k, preset.dict_size, preset.alphabet, preset.num_actions, preset.seed)
+
+
+def prepare_data(preset: S5Preset, data_dir: Path) -> tuple[PreTrainedTokenizerBase, list[dict[str, Any]]]:
+    """Tokenizer, evaluation set and a training peek under `data_dir`; returns the tokenizer and eval samples."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_s5_tokenizer(preset.k, preset.alphabet)
+    tokenizer.save_pretrained(str(data_dir / "tokenizer"))
+    spec = data_spec(preset)
+    eval_path = data_dir / "eval.jsonl"
+    if eval_path.is_file():  # written by an earlier run of the same preset (checked by the caller)
+        samples = read_jsonl(eval_path)
+    else:
+        samples = _generate_eval(spec, preset)
+        write_jsonl(samples, eval_path)
+    peek = (spec.sample(preset.train_n, "train", i) for i in range(min(TRAIN_PEEK, preset.train_size)))
+    write_jsonl(peek, data_dir / "train_sample.jsonl")
+    actions = spec.action_set()
+    meta = {"data": data_settings(preset), "preset": asdict(preset),
+            "action_set": None if actions is None else [list(a) for a in actions]}
+    (data_dir / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    return tokenizer, samples
+
+
+def _generate_eval(spec: S5DataSpec, preset: S5Preset) -> list[dict[str, Any]]:
+    lo, hi = preset.eval_n
+    samples = []
+    for n in tqdm(range(lo, hi + 1), desc="eval data", unit="N", dynamic_ncols=True):
+        samples.extend(spec.sample((n, n), f"eval-n{n}", j) for j in range(preset.eval_size_per_n))
+    return samples
+
+
+# ---------------------------------------------------------------------------------------------- models
+
+
+def model_sections(preset: S5Preset, tokenizer: PreTrainedTokenizerBase) -> tuple[dict[str, dict[str, Any]], MatchedSet]:
+    """The trainer's `model:` section for each model, and the parameter matching behind them.
+
+    The baselines are plain causal LMs, built by type name (`arch: transformer` in the trainer's config
+    means "no recurrence keywords"; the LSTM is one as well).
+    """
+    config = t2mlr_config(preset, len(tokenizer), tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id)
+    matched = matched_models(config, lstm_layers=preset.lstm_layers)
+    sections = {
+        "t2mlr": {
+            "arch": "t2mlr",
+            "base": _plain(config.base_config),
+            "l_start": preset.l_start,
+            "l_end": preset.l_end,
+            "d_forward": preset.d_forward,
+            "d_backward": preset.d_backward,
+            "train_recurrence": preset.train_recurrence,
+            "eval_recurrence": "exact",
+        },
+        "transformer": {"arch": "transformer", "base": _plain(matched.transformer)},
+        "lstm": {"arch": "transformer", "base": _plain(matched.lstm)},
+    }
+    return sections, matched
+
+
+def _plain(config: PretrainedConfig) -> dict[str, Any]:
+    fields = {k: v for k, v in config.to_diff_dict().items() if k not in _DROP_KEYS}
+    fields["model_type"] = config.model_type
+    return fields
+
+
+def train_config(preset: S5Preset, name: str, model: dict[str, Any], tokenizer_dir: Path, device: str) -> TrainConfig:
+    """A full trainer config for one model of the experiment (written to its run directory)."""
+    lo, hi = preset.train_n
+    data_kwargs = {
+        "tokenizer": str(tokenizer_dir), "k": preset.k, "dict_size": preset.dict_size, "alphabet": preset.alphabet,
+        "n_lo": lo, "n_hi": hi, "size": preset.train_size, "num_actions": preset.num_actions, "seed": preset.seed,
+    }
+    tree = {
+        "model": model,
+        "data": {
+            "source": "factory", "factory": "t2mlr.experiments.s5_data:s5_stream_dataset", "kwargs": data_kwargs,
+            "seq_len": preset.max_length(), "labels_aligned_to_inputs": True, "pad_token_id": 0, "seed": preset.seed,
+        },
+        "optim": {"lr": preset.lr, "betas": list(preset.betas), "weight_decay": preset.weight_decay, "grad_clip": 1.0},
+        "schedule": {"kind": "cosine", "warmup_steps": preset.warmup_steps, "min_lr_ratio": preset.min_lr_ratio},
+        "train": {
+            "max_steps": preset.steps[name], "global_batch_size": preset.batch_size,
+            "micro_batch_size": preset.micro_batch_size or preset.batch_size, "seed": preset.seed, "device": device,
+        },
+        "checkpoint": {"every": preset.checkpoint_every, "keep_last": 1, "save_final": True},
+        "logging": {"every": 10, "progress_bar": True},
+    }
+    return config_from_tree(tree)
+
+
+def train_model(cfg: TrainConfig, run_dir: Path, resume: bool) -> tuple[nn.Module, float, torch.device]:
+    """Train (or, with `resume`, continue) one model with the project trainer.
+
+    Returns the model rebuilt from the run's final checkpoint (so evaluation sees exactly what was
+    saved), the seconds this call trained, and the device it ran on.
+    """
+    started = time.perf_counter()
+    result = train(cfg, run_dir, resume=resume)
+    seconds = time.perf_counter() - started
+    if result.last_checkpoint is None:
+        raise RuntimeError(f"training in {run_dir} ended without a checkpoint to evaluate")
+    device = _device(cfg.train.device)
+    model = build_model(cfg.model)
+    load_initial_weights(model, Path(result.last_checkpoint))
+    return model.to(device), seconds, device
+
+
+def _device(choice: str) -> torch.device:
+    """The trainer's rule for `train.device`: "auto" is CUDA when available."""
+    if choice == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(choice)
+
+
+def _timing(run_dir: Path, spent: float) -> float:
+    """Training seconds accumulated over resumed runs (kept in the run directory)."""
+    path = run_dir / "train_time.json"
+    total = spent + (json.loads(path.read_text())["seconds"] if path.is_file() else 0.0)
+    path.write_text(json.dumps({"seconds": total}) + "\n", encoding="utf-8")
+    return total
+
+
+# ---------------------------------------------------------------------------------------------- reporting
+
+
+def _fmt(value: float | None) -> str:
+    return "–" if value is None or math.isnan(value) else f"{100 * value:.1f}%"
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
+def _span(lo: int, hi: int) -> str:
+    return f"N {lo}" if lo == hi else f"N {lo}–{hi}"
+
+
+def results_table(results: list[ModelResult], preset: S5Preset) -> list[str]:
+    lo, hi = preset.train_n
+    beyond = (hi + 1, preset.eval_n[1])
+    has_beyond = beyond[0] <= beyond[1]
+    head = f"| model | parameters | steps | training time | EM ({_span(lo, hi)}) | token acc ({_span(lo, hi)}) |"
+    rule = "|---|---:|---:|---:|---:|---:|"
+    if has_beyond:
+        head += f" EM ({_span(*beyond)}) | token acc ({_span(*beyond)}) |"
+        rule += "---:|---:|"
+    lines = [head, rule]
+    for r in results:
+        inside = summarize(r.per_n, lo, hi) or (float("nan"), float("nan"))
+        row = (f"| {r.label} | {r.parameters:,} | {r.steps:,} | {_minutes(r.train_seconds)} | "
+               f"{_fmt(inside[0])} | {_fmt(inside[1])} |")
+        if has_beyond:
+            outside = summarize(r.per_n, *beyond) or (float("nan"), float("nan"))
+            row += f" {_fmt(outside[0])} | {_fmt(outside[1])} |"
+        lines.append(row)
+    return lines
+
+
+def per_n_table(results: list[ModelResult]) -> list[str]:
+    ns = sorted({n for r in results for n in r.per_n})
+    lines = ["| N | " + " | ".join(f"{r.label} EM / tok" for r in results) + " |",
+             "|---:|" + "---:|" * len(results)]
+    for n in ns:
+        cells = [f"{_fmt(r.per_n[n].exact_match)} / {_fmt(r.per_n[n].token_accuracy)}" if n in r.per_n else "–"
+                 for r in results]
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def describe_data(preset: S5Preset) -> str:
+    actions = ("all 120 permutations of S5" if preset.num_actions is None else
+               f"a fixed {preset.num_actions}-element generating set of S5 (see `t2mlr.experiments.s5_actions`)")
+    return (f"K = {preset.k}, dictionary of {preset.dict_size} of the 120 keys (resampled per sequence), "
+            f"{len(preset.alphabet)}-symbol value alphabet, actions from {actions}; training N uniform in "
+            f"{preset.train_n[0]}–{preset.train_n[1]} ({_freshness(preset)}), evaluation N "
+            f"{preset.eval_n[0]}–{preset.eval_n[1]} with {preset.eval_size_per_n} held-out sequences per N.")
+
+
+def _freshness(preset: S5Preset) -> str:
+    drawn = max(preset.steps.values()) * preset.batch_size
+    if preset.train_size >= drawn:
+        return "a fresh sequence for every training example"
+    return f"{preset.train_size:,} training sequences, revisited"
+
+
+def describe_models(preset: S5Preset, matched: MatchedSet) -> str:
+    path = (f"Jacobi (d_forward = {preset.d_forward}, d_backward = {preset.d_backward})"
+            if preset.train_recurrence == "jacobi" else "the exact path")
+    return (f"Llama backbone, {preset.num_layers} blocks, hidden {preset.hidden_size}, {preset.num_heads} heads of "
+            f"{preset.head_dim}, MLP {preset.intermediate_size}, RoPE. T²MLR({preset.l_start},{preset.l_end}) "
+            f"trained on {path}, evaluated on the exact path. Transformer: the same backbone widened to hidden "
+            f"{matched.transformer.hidden_size}. LSTM: {preset.lstm_layers} layers, hidden {matched.lstm.hidden_size}. "
+            f"AdamW (lr {preset.lr:g}, betas {preset.betas}, weight decay {preset.weight_decay:g}), "
+            f"{preset.warmup_steps} warmup steps then cosine to {preset.min_lr_ratio:g}× lr, batch {preset.batch_size}.")
+
+
+def write_results_md(path: Path, preset: S5Preset, matched: MatchedSet, results: list[ModelResult],
+                     wall_seconds: float, device: str) -> None:
+    lines = [
+        "# S5-Retrieval: T²MLR vs parameter-matched Transformer and LSTM",
+        "",
+        f"Preset `{preset.name}`, device {device}, whole experiment (data, training, evaluation, plot): "
+        f"{_minutes(wall_seconds)}.",
+        "",
+        f"- Data: {describe_data(preset)}",
+        f"- Models: {describe_models(preset, matched)}",
+        "- Metrics: teacher-forced transduction, argmax at each position against the target there, scored after "
+        "the delimiter only; EM = whole scored part right; columns average the per-N numbers (each N weighted "
+        "equally).",
+        *([f"- Preset notes: {preset.notes}"] if preset.notes else []),
+        "",
+        *results_table(results, preset),
+        "",
+        f"![accuracy vs length]({FIGURE})",
+        "",
+        "## Per N (exact match / per-token accuracy)",
+        "",
+        *per_n_table(results),
+        "",
+    ]
+    path.write_text("\n".join(lines), encoding="utf-8")
+
+
+def write_results_json(path: Path, preset: S5Preset, results: list[ModelResult], wall_seconds: float) -> None:
+    payload = {
+        "preset": asdict(preset),
+        "wall_seconds": wall_seconds,
+        "models": [{**asdict(r), "per_n": {str(n): asdict(m) for n, m in r.per_n.items()}} for r in results],
+    }
+    path.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+
+
+# ---------------------------------------------------------------------------------------------- driver
+
+
+def _prepare_out(out: Path, models: tuple[str, ...], overwrite: bool, resume: bool) -> None:
+    """Refuse to mix runs: existing model run directories need --resume (continue) or --overwrite."""
+    existing = [name for name in models if (out / name).exists()]
+    if existing and overwrite:
+        for name in existing:
+            shutil.rmtree(out / name)
+        shutil.rmtree(out / "data", ignore_errors=True)
+    elif existing and not resume:
+        raise FileExistsError(
+            f"{out} already holds runs for {', '.join(existing)}; pass --resume to continue/re-evaluate them "
+            "or --overwrite to start again"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def data_settings(preset: S5Preset) -> dict[str, Any]:
+    """The preset fields the written data depend on (JSON-normalised, for comparison with meta.json)."""
+    names = ("k", "dict_size", "alphabet", "train_n", "eval_n", "eval_size_per_n", "num_actions", "seed")
+    return json.loads(json.dumps({name: getattr(preset, name) for name in names}))
+
+
+def _check_same_data(data_dir: Path, preset: S5Preset) -> None:
+    meta = data_dir / "meta.json"
+    if meta.is_file() and json.loads(meta.read_text()).get("data") != data_settings(preset):
+        raise ValueError(f"{data_dir} was generated for different data settings; use another --out or --overwrite")
+
+
+def run_experiment(
+    preset: S5Preset,
+    out: str | Path,
+    device: str = "auto",
+    models: tuple[str, ...] = MODEL_NAMES,
+    resume: bool = False,
+    overwrite: bool = False,
+) -> list[ModelResult]:
+    """Data → three trainings → per-N evaluation → results.md / results.json / accuracy_vs_length.png."""
+    unknown = set(models) - set(MODEL_NAMES)
+    if unknown or not models:
+        raise ValueError(f"models must be a non-empty subset of {MODEL_NAMES}, got {models}")
+    started = time.perf_counter()
+    out = Path(out)
+    _prepare_out(out, models, overwrite, resume)
+    _check_same_data(out / "data", preset)
+    tqdm.write(f"[s5] preset {preset.name}: data → {out / 'data'}")
+    tokenizer, eval_samples = prepare_data(preset, out / "data")
+    sections, matched = model_sections(preset, tokenizer)
+    results, device_name = [], device
+    for name in models:
+        tqdm.write(f"[s5] training {LABELS[name]} for {preset.steps[name]:,} steps → {out / name}")
+        cfg = train_config(preset, name, sections[name], out / "data" / "tokenizer", device)
+        model, spent, used = train_model(cfg, out / name, resume)
+        device_name = str(used)
+        eval_started = time.perf_counter()
+        per_n = evaluate_by_n(model, eval_samples, tokenizer, preset.eval_batch_size, used, desc=f"eval {name}")
+        results.append(ModelResult(
+            name=name, label=LABELS[name], parameters=count_parameters(model), steps=preset.steps[name],
+            train_seconds=_timing(out / name, spent), eval_seconds=time.perf_counter() - eval_started,
+            per_n=per_n, train_path=describe_path(cfg),
+        ))
+        del model
+    curves = {r.label: {n: (m.exact_match, m.token_accuracy) for n, m in r.per_n.items()} for r in results}
+    plot_accuracy_vs_length(curves, preset.train_n, out / FIGURE, title=f"S5-Retrieval ({preset.name} preset)")
+    wall = time.perf_counter() - started
+    write_results_md(out / RESULTS_MD, preset, matched, results, wall, device_name)
+    write_results_json(out / RESULTS_JSON, preset, results, wall)
+    tqdm.write(f"[s5] wrote {out / RESULTS_MD}, {out / RESULTS_JSON} and {out / FIGURE} ({_minutes(wall)})")
+    return results
+
+
+def describe_path(cfg: TrainConfig) -> str:
+    m = cfg.model
+    if m.arch != "t2mlr":
+        return "plain"
+    return f"train {m.train_recurrence}, eval exact"

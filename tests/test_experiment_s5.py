@@ -1,0 +1,160 @@
+"""The S5-Retrieval experiment: restricted-action data, label alignment, evaluation, end to end (tiny)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import pytest
+import torch
+from torch import nn
+from transformers import PreTrainedTokenizerBase
+
+from t2mlr.experiments.commands import register
+from t2mlr.experiments.s5_actions import generates_s5, generating_set
+from t2mlr.experiments.s5_data import S5DataSpec, StreamedS5Dataset, encode_row, s5_retrieval_dataset
+from t2mlr.experiments.s5_eval import evaluate_by_n, forward_kwargs, summarize
+from t2mlr.experiments.s5_presets import PRESETS, get_preset
+from t2mlr.experiments.s5_retrieval import RESULTS_MD, run_experiment
+from t2mlr.tasks.jsonl import write_jsonl
+from t2mlr.tasks.s5 import token_to_perm
+from t2mlr.tasks.s5_retrieval import generate_s5_retrieval, s5_targets_from_input
+from t2mlr.tasks.tokenizers import build_s5_tokenizer
+from t2mlr.training.data import Collator
+
+ALPHABET = "ABCDEFGH"
+
+
+def test_generating_sets() -> None:
+    assert generates_s5([(2, 3, 4, 5, 1), (2, 1, 3, 4, 5)])  # 5-cycle and a transposition
+    assert not generates_s5([(2, 3, 4, 5, 1)])  # a cyclic subgroup of order 5
+    assert not generates_s5([(2, 1, 3, 4, 5), (1, 2, 4, 3, 5)])  # two commuting transpositions
+    chosen = generating_set(3, seed=7)
+    assert len(set(chosen)) == 3 and generates_s5(chosen) and chosen == generating_set(3, seed=7)
+
+
+def test_restricted_samples_follow_the_tasks_layout() -> None:
+    spec = S5DataSpec(k=2, dict_size=10, alphabet=ALPHABET, num_actions=3, seed=1)
+    reference_keys = set(generate_s5_retrieval(1, (2, 2), 2, 10, 0, ALPHABET)[0])
+    actions = set(spec.action_set())
+    for index in range(20):
+        sample = spec.sample((1, 6), "train", index)
+        assert set(sample) == reference_keys
+        assert s5_targets_from_input(sample["input_tokens"]) == sample["target_tokens"]
+        action_tokens = sample["input_tokens"][sample["score_start"] :: 3]
+        assert len(action_tokens) == sample["n"] and {token_to_perm(t) for t in action_tokens} <= actions
+    assert spec.sample((1, 6), "train", 3) == spec.sample((1, 6), "train", 3)
+    assert spec.sample((1, 6), "train", 3) != spec.sample((1, 6), "eval-n3", 3)
+
+
+def test_full_group_spec_uses_the_tasks_generator() -> None:
+    spec = S5DataSpec(k=1, dict_size=120, alphabet=ALPHABET)
+    sample = spec.sample((2, 4), "train", 0)
+    assert sample == generate_s5_retrieval(1, (2, 4), 1, 120, 0, ALPHABET, stream="train-0")[0]
+
+
+class Oracle(nn.Module):
+    """Emits the correct target at every position: a model whose logits are aligned by construction."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        super().__init__()
+        self.tokenizer = tokenizer
+        self.weight = nn.Parameter(torch.zeros(()))
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None, **_: object) -> object:
+        vocab = len(self.tokenizer)
+        logits = torch.full((*input_ids.shape, vocab), -30.0)
+        for b, row in enumerate(input_ids.tolist()):
+            tokens = self.tokenizer.convert_ids_to_tokens(row)
+            real = [t for t in tokens if t not in ("<eos>", "<pad>")]
+            targets = self.tokenizer.convert_tokens_to_ids(s5_targets_from_input(real))
+            for t, target in enumerate(targets):
+                logits[b, t, target] = 30.0
+        loss = None
+        if labels is not None:  # Hugging Face convention: logits[t] scored against labels[t + 1]
+            loss = nn.functional.cross_entropy(logits[:, :-1].reshape(-1, vocab), labels[:, 1:].reshape(-1))
+        return argparse.Namespace(logits=logits + self.weight, loss=loss)
+
+
+def test_label_alignment_and_scoring_with_an_oracle() -> None:
+    tokenizer = build_s5_tokenizer(2, ALPHABET)
+    spec = S5DataSpec(k=2, dict_size=8, alphabet=ALPHABET, num_actions=4)
+    oracle = Oracle(tokenizer)
+    dataset = StreamedS5Dataset(spec, (1, 5), 6, tokenizer)
+    batch = Collator(pad_token_id=0, labels_aligned_to_inputs=dataset.labels_aligned_to_inputs)([dataset[i] for i in range(6)])
+    # the collated (shifted) labels put target[t] at t + 1, so the oracle's loss is ~0 and every target counts
+    assert float(oracle(**batch).loss) < 1e-6
+    row, sample = dataset[0], spec.sample((1, 5), "train", 0)
+    assert row["input_ids"][-1] == tokenizer.eos_token_id and row["labels"][-1] == -100
+    scored = sum(sample["score_mask"])
+    assert int((batch["labels"][0] != -100).sum()) == scored
+    samples = [spec.sample((n, n), f"eval-n{n}", j) for n in (1, 2, 3) for j in range(3)]
+    metrics = evaluate_by_n(oracle, samples, tokenizer, batch_size=2)
+    assert all(m.exact_match == 1.0 and m.token_accuracy == 1.0 and m.count == 3 for m in metrics.values())
+    assert summarize(metrics, 1, 3) == (1.0, 1.0) and summarize(metrics, 7, 9) is None
+
+
+def test_jsonl_factory_reads_the_data_command_output(tmp_path) -> None:
+    tokenizer = build_s5_tokenizer(1, ALPHABET)
+    tokenizer.save_pretrained(str(tmp_path / "tokenizer"))
+    samples = generate_s5_retrieval(5, (1, 3), 1, 4, 0, ALPHABET)
+    write_jsonl(samples, tmp_path / "train.jsonl")
+    dataset = s5_retrieval_dataset(str(tmp_path / "train.jsonl"), str(tmp_path / "tokenizer"))
+    assert len(dataset) == 5 and dataset.labels_aligned_to_inputs
+    assert dataset[0]["input_ids"].shape == dataset[0]["labels"].shape == (len(samples[0]["input_tokens"]) + 1,)
+    with pytest.raises(FileNotFoundError):
+        s5_retrieval_dataset(str(tmp_path / "missing.jsonl"), str(tmp_path / "tokenizer"))
+
+
+def test_encode_row_rejects_a_tokenizer_without_eos() -> None:
+    tokenizer = build_s5_tokenizer(1, ALPHABET)
+    tokenizer.eos_token = None
+    with pytest.raises(ValueError, match="eos"):
+        encode_row(tokenizer, S5DataSpec(1, 4, ALPHABET).sample((1, 2), "train", 0))
+
+
+def test_t2mlr_is_evaluated_on_the_exact_path() -> None:
+    from t2mlr import T2MLRConfig, T2MLRForCausalLM
+    from t2mlr.baselines import T2MLRLSTMConfig, T2MLRLSTMForCausalLM
+    from t2mlr.experiments.s5_presets import t2mlr_config
+
+    config: T2MLRConfig = t2mlr_config(get_preset("tiny"), 40)
+    assert config.eval_recurrence == "exact"
+    assert forward_kwargs(T2MLRForCausalLM(config)) == {"recurrence": "exact"}
+    assert forward_kwargs(T2MLRLSTMForCausalLM(T2MLRLSTMConfig(vocab_size=40, hidden_size=4))) == {}
+
+
+def test_paper_preset_matches_the_paper() -> None:
+    p = PRESETS["paper"]
+    assert (p.k, p.dict_size, p.train_n, p.eval_n, p.num_actions) == (4, 120, (1, 32), (1, 48), None)
+    assert (p.num_layers, p.num_heads, p.hidden_size, p.l_start, p.l_end) == (4, 6, 384, 1, 4)
+    assert (p.lr, p.batch_size, p.d_forward, p.d_backward, p.train_recurrence) == (1e-3, 64, 16, 4, "jacobi")
+    assert p.steps == {"t2mlr": 150_000, "transformer": 400_000, "lstm": 400_000}
+    assert len(p.alphabet) == 62
+    with pytest.raises(ValueError, match="unknown S5 preset"):
+        get_preset("huge")
+
+
+def test_cli_registers_the_experiment() -> None:
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["experiment", "s5-retrieval", "--preset", "tiny", "--out", "x", "--models", "lstm"])
+    assert args.preset == "tiny" and args.models == ["lstm"] and callable(args.func)
+
+
+def test_tiny_experiment_end_to_end(tmp_path) -> None:
+    started = time.perf_counter()
+    out = tmp_path / "s5"
+    results = run_experiment(get_preset("tiny"), out, device="cpu")
+    assert time.perf_counter() - started < 60
+    assert [r.name for r in results] == ["t2mlr", "transformer", "lstm"]
+    text = (out / RESULTS_MD).read_text(encoding="utf-8")
+    for label in ("T²MLR", "Transformer (matched)", "LSTM (matched)", "EM (N 1–3)", "EM (N 4)"):
+        assert label in text
+    assert (out / "accuracy_vs_length.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "results.json").is_file() and (out / "data" / "eval.jsonl").is_file()
+    assert all(set(r.per_n) == {1, 2, 3, 4} and r.parameters > 0 for r in results)
+    with pytest.raises(FileExistsError, match="--resume"):
+        run_experiment(get_preset("tiny"), out, device="cpu")
+    again = run_experiment(get_preset("tiny"), out, device="cpu", resume=True, models=("lstm",))  # re-evaluates
+    assert again[0].per_n == results[2].per_n
