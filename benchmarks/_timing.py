@@ -129,25 +129,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def smollm2_135m_config(**overrides: object):
-    """The SmolLM2-135M shape the paper's overhead tables use: 30 blocks, hidden 576, 9 heads of 64,
-    3 KV heads, MLP 1536, vocabulary 49152, tied embeddings (random weights: speed does not depend on them)."""
-    from transformers import LlamaConfig
+    """The SmolLM2-135M shape (random weights: speed does not depend on them); defined once, in t2mlr.baselines."""
+    from t2mlr.baselines.commands import smollm2_135m_base_config
 
-    fields = dict(
-        vocab_size=49152,
-        hidden_size=576,
-        intermediate_size=1536,
-        num_hidden_layers=30,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        head_dim=64,
-        max_position_embeddings=8192,
-        rms_norm_eps=1e-5,
-        rope_theta=100000.0,
-        tie_word_embeddings=True,
-        bos_token_id=0,
-        eos_token_id=0,
-        pad_token_id=0,
-    )
-    fields.update(overrides)
-    return LlamaConfig(**fields)
+    return smollm2_135m_base_config(**overrides)

@@ -19,12 +19,13 @@ from transformers import LlamaConfig
 from t2mlr.baselines.matching import MatchedSet, matched_models
 from t2mlr.model import T2MLRConfig
 
-__all__ = ["PARAM_PRESETS", "main", "register", "smollm2_135m_config"]
+__all__ = ["PARAM_PRESETS", "main", "register", "smollm2_135m_base_config", "smollm2_135m_config"]
 
 
-def smollm2_135m_config(l_start: int = 13, l_end: int = 18) -> T2MLRConfig:
-    """T²MLR on the SmolLM2-135M shape: 30 blocks, hidden 576, 9 heads (3 KV) of 64, MLP 1536, tied 49152 vocab."""
-    base = LlamaConfig(
+def smollm2_135m_base_config(**overrides: Any) -> LlamaConfig:
+    """The SmolLM2-135M shape (the paper's backbone and overhead tables): 30 blocks, hidden 576, 9 heads of
+    64 with 3 KV heads, MLP 1536, vocabulary 49152, tied embeddings; keyword arguments override fields."""
+    fields: dict[str, Any] = dict(
         vocab_size=49152,
         hidden_size=576,
         intermediate_size=1536,
@@ -34,9 +35,19 @@ def smollm2_135m_config(l_start: int = 13, l_end: int = 18) -> T2MLRConfig:
         head_dim=64,
         max_position_embeddings=8192,
         rms_norm_eps=1e-5,
+        rope_theta=100000.0,
         tie_word_embeddings=True,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
     )
-    return T2MLRConfig.from_base(base, l_start=l_start, l_end=l_end)
+    fields.update(overrides)
+    return LlamaConfig(**fields)
+
+
+def smollm2_135m_config(l_start: int = 13, l_end: int = 18) -> T2MLRConfig:
+    """T²MLR(l_start, l_end) on the SmolLM2-135M shape."""
+    return T2MLRConfig.from_base(smollm2_135m_base_config(), l_start=l_start, l_end=l_end)
 
 
 def _s5_config(name: str) -> Callable[[], T2MLRConfig]:
