@@ -15,7 +15,7 @@ from t2mlr.experiments.s5_actions import generates_s5, generating_set
 from t2mlr.experiments.s5_data import S5DataSpec, StreamedS5Dataset, encode_row, s5_retrieval_dataset
 from t2mlr.experiments.s5_eval import evaluate_by_n, forward_kwargs, summarize
 from t2mlr.experiments.s5_presets import PRESETS, get_preset
-from t2mlr.experiments.s5_retrieval import RESULTS_MD, run_experiment
+from t2mlr.experiments.s5_retrieval import RESULTS_MD, model_sections, run_experiment, train_config
 from t2mlr.tasks.jsonl import write_jsonl
 from t2mlr.tasks.s5 import token_to_perm
 from t2mlr.tasks.s5_retrieval import generate_s5_retrieval, s5_targets_from_input
@@ -133,6 +133,20 @@ def test_paper_preset_matches_the_paper() -> None:
     assert len(p.alphabet) == 62
     with pytest.raises(ValueError, match="unknown S5 preset"):
         get_preset("huge")
+
+
+def test_paper_preset_builds_valid_trainer_configs(tmp_path) -> None:
+    preset = get_preset("paper")
+    tokenizer = build_s5_tokenizer(preset.k, preset.alphabet)
+    sections, matched = model_sections(preset, tokenizer)
+    assert matched.t2mlr_params <= matched.transformer_params <= 1.01 * matched.t2mlr_params
+    assert matched.t2mlr_params <= matched.lstm_params <= 1.01 * matched.t2mlr_params
+    for name in ("t2mlr", "transformer", "lstm"):
+        cfg = train_config(preset, name, sections[name], tmp_path / "tokenizer", "auto")
+        assert cfg.train.max_steps == preset.steps[name] and cfg.train.global_batch_size == 64
+        assert cfg.data.labels_aligned_to_inputs is True and cfg.optim.lr == 1e-3
+    t2 = train_config(preset, "t2mlr", sections["t2mlr"], tmp_path / "tokenizer", "auto").model
+    assert (t2.train_recurrence, t2.eval_recurrence, t2.d_forward, t2.d_backward) == ("jacobi", "exact", 16, 4)
 
 
 def test_cli_registers_the_experiment() -> None:
