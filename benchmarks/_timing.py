@@ -128,8 +128,28 @@ def resolve_device(name: str) -> torch.device:
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def smollm2_135m_config(**overrides: object):
-    """The SmolLM2-135M shape (random weights: speed does not depend on them); defined once, in t2mlr.baselines."""
+def smollm2_shaped_config(hidden: int = 576, **overrides: object):
+    """SmolLM2-135M's proportions at another width: heads of 64, 3:1 grouped-query attention where the
+    head count allows it, MLP 8/3 × hidden. hidden=576 is exactly the 135M shape (defined once, in
+    t2mlr.baselines). Random weights: speed does not depend on them."""
     from t2mlr.baselines.commands import smollm2_135m_base_config
 
-    return smollm2_135m_base_config(**overrides)
+    heads = max(1, hidden // 64)
+    fields: dict[str, object] = dict(
+        hidden_size=hidden, intermediate_size=hidden * 8 // 3, num_attention_heads=heads,
+        num_key_value_heads=heads // 3 if heads % 3 == 0 else heads, head_dim=hidden // heads,
+    )
+    return smollm2_135m_base_config(**{**fields, **overrides})
+
+
+def text_rows(data: Path, tokenizer: str, seq_len: int, count: int | None = None) -> dict[str, torch.Tensor]:
+    """The first `count` (default: all) packed rows of `seq_len` tokens of a jsonl of {"text"} lines (the
+    trainer's packing: positions restart at every document start), for benchmarks on trained checkpoints."""
+    from t2mlr.training.config import DataConfig
+    from t2mlr.training.data import build_dataset
+
+    rows = build_dataset(DataConfig(source="jsonl", path=str(data), tokenizer=tokenizer, seq_len=seq_len))
+    count = len(rows) if count is None else count
+    if len(rows) < count:
+        raise SystemExit(f"{data} holds {len(rows)} rows of {seq_len} tokens, fewer than the {count} needed")
+    return {key: torch.stack([rows[i][key] for i in range(count)]) for key in ("input_ids", "position_ids", "labels")}

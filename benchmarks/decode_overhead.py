@@ -47,7 +47,7 @@ from _timing import (  # noqa: E402
     parse_int_list,
     parse_placements,
     resolve_device,
-    smollm2_135m_config,
+    smollm2_shaped_config,
 )
 
 from t2mlr import T2MLRConfig, T2MLRForCausalLM  # noqa: E402
@@ -62,6 +62,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lengths", default=None, help="new tokens per run (default: 512,1024,2048 on CUDA, 64,128,256 on CPU)")
     p.add_argument("--repeats", type=int, default=3, help="pairs of runs per setting")
     p.add_argument("--placements", default=PAPER_PLACEMENTS, help="l_start-l_end pairs, 1-based (default: %(default)s)")
+    p.add_argument("--hidden", type=int, default=576, help="model width; 576 is SmolLM2-135M (default), other "
+                   "widths keep its proportions")
     p.add_argument("--dtype", default=None, choices=sorted(DTYPES), help="default: bfloat16 on CUDA, float32 on CPU")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: 1 on CPU, see the docstring)")
     p.add_argument("--seed", type=int, default=0)
@@ -79,19 +81,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def build_t2mlr(l_start: int, l_end: int, device: torch.device, dtype: torch.dtype, seed: int) -> T2MLRForCausalLM:
-    torch.manual_seed(seed)
-    model = T2MLRForCausalLM(T2MLRConfig.from_base(smollm2_135m_config(), l_start=l_start, l_end=l_end))
+def build_t2mlr(placement: tuple[int, int], args: argparse.Namespace) -> T2MLRForCausalLM:
+    torch.manual_seed(args.seed)
+    model = T2MLRForCausalLM(T2MLRConfig.from_base(smollm2_shaped_config(args.hidden), *placement))
     with torch.no_grad():
         model.fusion.gamma_cur.fill_(-0.5)
         model.fusion.gamma_rec.fill_(0.5)
-    return model.to(device=device, dtype=dtype).eval()
+    return model.to(device=args.device, dtype=args.dtype).eval()
 
 
-def build_baseline(t2mlr_params: int, device: torch.device, dtype: torch.dtype, seed: int) -> PreTrainedModel:
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(matched_baseline_config(smollm2_135m_config(), t2mlr_params))
-    return model.to(device=device, dtype=dtype).eval()
+def build_baseline(t2mlr_params: int, args: argparse.Namespace) -> PreTrainedModel:
+    torch.manual_seed(args.seed)
+    config = matched_baseline_config(smollm2_shaped_config(args.hidden), t2mlr_params)
+    return AutoModelForCausalLM.from_config(config).to(device=args.device, dtype=args.dtype).eval()
 
 
 def greedy_run(model: PreTrainedModel, new_tokens: int, device: torch.device) -> Callable[[], torch.Tensor]:
@@ -121,7 +123,7 @@ def measure_placement(
     placement: tuple[int, int], baseline: PreTrainedModel, args: argparse.Namespace
 ) -> list[list[object]]:
     """Table rows (one per length) for one placement."""
-    model = build_t2mlr(*placement, args.device, args.dtype, args.seed)
+    model = build_t2mlr(placement, args)
     for candidate in (model, baseline):  # warm-up: lazy initialisation, allocator, kernel selection
         greedy_run(candidate, 8, args.device)()
     rows = []
@@ -153,11 +155,11 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads or 1)
     info = machine_info(args.device)
     with torch.device("meta"):  # parameter count without allocating weights (same for every placement)
-        reference = T2MLRForCausalLM(T2MLRConfig.from_base(smollm2_135m_config(), *args.placements[0]))
+        reference = T2MLRForCausalLM(T2MLRConfig.from_base(smollm2_shaped_config(args.hidden), *args.placements[0]))
     t2mlr_params = count_parameters(reference)
-    baseline = build_baseline(t2mlr_params, args.device, args.dtype, args.seed)
+    baseline = build_baseline(t2mlr_params, args)
     print(
-        f"SmolLM2-135M shape; T²MLR parameters {t2mlr_params:,}; matched Transformer: hidden "
+        f"SmolLM2-135M {'shape' if args.hidden == 576 else f'proportions at hidden {args.hidden}'}; T²MLR parameters {t2mlr_params:,}; matched Transformer: hidden "
         f"{baseline.config.hidden_size}, head_dim {baseline.config.head_dim}, {count_parameters(baseline):,} parameters",
         flush=True,
     )

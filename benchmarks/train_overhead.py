@@ -18,17 +18,22 @@ step; the peak above the pre-step RSS plus the resident weights and AdamW state 
 coarser measure, labelled as such in the output).
 
 A fresh model has γ = 0, where Φ is the identity and every Jacobi iterate is identical, which
-would make early stopping look free. The gates are therefore set to γ_cur = -0.5, γ_rec = 0.5
-(the signs trained models end with, SPEC §6) before measuring.
+would make early stopping look free. The gates of random models are therefore set to γ_cur = -0.5,
+γ_rec = 0.5 (the signs trained models end with, SPEC §6) before measuring. Early stopping is only
+meaningful on a trained model, whose cache converges: `--checkpoint DIR` times a trained T²MLR
+(its own shape, placement and gates; the Transformer variant is its base model) on real text rows
+from `--data` (a jsonl of {"text"} lines, tokenized with the checkpoint's data tokenizer).
 
     python benchmarks/train_overhead.py                 # CPU, scaled down: 30 blocks, hidden 128, seq 256
     python benchmarks/train_overhead.py --gpu           # full SmolLM2-135M shape, seq 2048, bf16 autocast
+    # trained checkpoint on CPU (recipe in configs/overhead_cpu.yaml):
+    python benchmarks/train_overhead.py --checkpoint runs/overhead_cpu/checkpoints/step_00000400 \
+        --data data/stdlib/eval.jsonl --tokenizer data/stdlib/tokenizer --tol 1e-2
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import statistics
@@ -44,7 +49,10 @@ from typing import Any
 import torch
 from torch import nn
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from _timing import smollm2_shaped_config, text_rows  # noqa: E402
 
 from t2mlr import T2MLRForCausalLM  # noqa: E402
 from t2mlr.training.config import OptimConfig  # noqa: E402
@@ -69,6 +77,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=5, help="paired timing rounds")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per variant first")
     p.add_argument("--activation-checkpointing", action="store_true", help="checkpoint the middle block")
+    p.add_argument("--checkpoint", type=Path, default=None,
+                   help="trained T²MLR directory (from_pretrained); sets shape and placement, keeps its gates")
+    p.add_argument("--data", type=Path, default=None, help="jsonl text rows for the batch (default: random ids)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer of --data's text lines")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     p.add_argument("--memory-child", choices=VARIANTS, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -76,20 +88,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.seq = args.seq or (2048 if args.gpu else 256)
     args.batch = args.batch or (8 if args.gpu else 2)
     args.vocab = args.vocab or (49152 if args.gpu else 4096)
+    if args.checkpoint is not None:
+        adopt_checkpoint_shape(args)
+    if (args.data is None) != (args.tokenizer is None):
+        p.error("--data and --tokenizer go together")
     return args
 
 
-def base_config(args: argparse.Namespace) -> Any:
-    """SmolLM2-135M's shape (scaled by --hidden; head dim 64, 3:1 grouped-query attention)."""
-    from transformers import LlamaConfig
+def adopt_checkpoint_shape(args: argparse.Namespace) -> None:
+    """A trained checkpoint fixes the shape and the placement; the command line must not disagree silently."""
+    from t2mlr import T2MLRConfig
 
-    heads = max(1, args.hidden // 64)
-    kv_heads = max(1, heads // 3) if heads % 3 == 0 else heads
-    return LlamaConfig(
-        vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.hidden * 8 // 3,
-        num_hidden_layers=args.layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-        max_position_embeddings=max(2048, args.seq), rope_theta=100000.0, tie_word_embeddings=True,
-    )
+    config = T2MLRConfig.from_pretrained(args.checkpoint)
+    base = config.base_config
+    args.layers, args.hidden, args.vocab = base.num_hidden_layers, base.hidden_size, base.vocab_size
+    args.l_start, args.l_end = config.l_start, config.l_end
 
 
 @dataclass
@@ -101,35 +114,52 @@ class Variant:
 
 
 def build_variant(name: str, args: argparse.Namespace, device: torch.device) -> Variant:
-    """Every variant starts from the same base weights (seeded), so the comparison is like for like."""
-    from transformers import LlamaForCausalLM
-
+    """Every variant starts from the same weights (seeded, or the checkpoint's), so the comparison is like for like."""
     torch.manual_seed(0)
-    base = LlamaForCausalLM(base_config(args))
+    model = T2MLRForCausalLM.from_pretrained(args.checkpoint) if args.checkpoint else random_t2mlr(args)
     if name == "transformer":
-        model, kwargs = base, {}
+        model, kwargs = model.base, {}
     else:
-        model = T2MLRForCausalLM.from_base(copy.deepcopy(base), args.l_start, args.l_end,
-                                           d_forward=args.d_forward, d_backward=args.d_backward)
-        with torch.no_grad():
-            model.fusion.gamma_cur.fill_(-0.5)
-            model.fusion.gamma_rec.fill_(0.5)
-        if args.activation_checkpointing:
-            model.set_middle_checkpointing(True)
-        kwargs = {"recurrence": "jacobi", "jacobi_tol": args.tol if name == "t2mlr-tol" else None}
+        model.set_middle_checkpointing(args.activation_checkpointing)
+        kwargs = {"recurrence": "jacobi", "jacobi_tol": args.tol if name == "t2mlr-tol" else None,
+                  "d_forward": args.d_forward, "d_backward": args.d_backward}
     model.to(device).train()
     optimizer = build_optimizer(model, OptimConfig(lr=1e-4, betas=(0.9, 0.98), weight_decay=0.01))
     return Variant(name, model, kwargs, optimizer)
 
 
+def random_t2mlr(args: argparse.Namespace) -> T2MLRForCausalLM:
+    """T²MLR around a freshly initialised base, gates opened (see the module docstring)."""
+    from transformers import LlamaForCausalLM
+
+    config = smollm2_shaped_config(args.hidden, num_hidden_layers=args.layers, vocab_size=args.vocab,
+                                   max_position_embeddings=max(8192, args.seq))
+    model = T2MLRForCausalLM.from_base(LlamaForCausalLM(config), args.l_start, args.l_end,
+                                       d_forward=args.d_forward, d_backward=args.d_backward)
+    with torch.no_grad():
+        model.fusion.gamma_cur.fill_(-0.5)
+        model.fusion.gamma_rec.fill_(0.5)
+    return model
+
+
 def make_batch(args: argparse.Namespace, device: torch.device) -> dict[str, torch.Tensor]:
+    """Random token ids, or the first --batch packed rows of --data (positions restart per document)."""
+    if args.data is not None:
+        return {key: value.to(device) for key, value in text_rows(args.data, args.tokenizer, args.seq, args.batch).items()}
     generator = torch.Generator().manual_seed(1)
     ids = torch.randint(0, args.vocab, (args.batch, args.seq), generator=generator)
     return {"input_ids": ids.to(device), "labels": ids.to(device)}
 
 
-def train_step(variant: Variant, batch: dict[str, torch.Tensor], device: torch.device) -> tuple[float, int | None]:
-    """Seconds for forward + backward + clip + AdamW, and the Jacobi iterations run (None if none)."""
+@dataclass
+class StepResult:
+    seconds: float
+    loss: float
+    jacobi_iterations: int | None
+
+
+def train_step(variant: Variant, batch: dict[str, torch.Tensor], device: torch.device) -> StepResult:
+    """Forward + backward + clip + AdamW, timed."""
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
     _sync(device)
     start = time.perf_counter()
@@ -140,7 +170,7 @@ def train_step(variant: Variant, batch: dict[str, torch.Tensor], device: torch.d
     variant.optimizer.step()
     variant.optimizer.zero_grad(set_to_none=True)
     _sync(device)
-    return time.perf_counter() - start, getattr(out, "jacobi_iterations", None)
+    return StepResult(time.perf_counter() - start, out.loss.item(), getattr(out, "jacobi_iterations", None))
 
 
 def _sync(device: torch.device) -> None:
@@ -150,18 +180,22 @@ def _sync(device: torch.device) -> None:
 
 def time_paired(variants: list[Variant], batch: dict[str, torch.Tensor], args: argparse.Namespace,
                 device: torch.device) -> dict[str, Any]:
-    for variant in variants:
-        for _ in range(args.warmup):
-            train_step(variant, batch, device)
+    """Median step times and ratios; also each variant's loss on its first step, taken from identical
+    weights, so that early stopping's effect on the loss is visible next to its saving."""
+    first_loss: dict[str, float] = {}
     times: dict[str, list[float]] = {v.name: [] for v in variants}
     iterations: dict[str, list[int]] = {v.name: [] for v in variants}
+    for variant in variants:
+        for _ in range(args.warmup):
+            first_loss.setdefault(variant.name, train_step(variant, batch, device).loss)
     for round_index in range(args.repeats):
         shift = round_index % len(variants)
         for variant in variants[shift:] + variants[:shift]:
-            seconds, its = train_step(variant, batch, device)
-            times[variant.name].append(seconds)
-            if its is not None:
-                iterations[variant.name].append(its)
+            step = train_step(variant, batch, device)
+            first_loss.setdefault(variant.name, step.loss)
+            times[variant.name].append(step.seconds)
+            if step.jacobi_iterations is not None:
+                iterations[variant.name].append(step.jacobi_iterations)
     base = times["transformer"]
     result: dict[str, Any] = {}
     for name, values in times.items():
@@ -170,6 +204,7 @@ def time_paired(variants: list[Variant], batch: dict[str, torch.Tensor], args: a
             "median_step_s": statistics.median(values),
             "median_ratio_vs_transformer": statistics.median(ratios),
             "jacobi_iterations": statistics.mean(iterations[name]) if iterations[name] else None,
+            "first_step_loss": first_loss[name],
         }
     return result
 
@@ -254,7 +289,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"device {device}; {args.layers} blocks, hidden {args.hidden}, seq {args.seq}, batch {args.batch}; "
           f"T²MLR({args.l_start},{args.l_end}) d_forward {args.d_forward}, d_backward {args.d_backward}, "
           f"early-stop tol {args.tol}; activation checkpointing {args.activation_checkpointing}; "
-          f"{'bf16 autocast' if args.gpu else 'fp32'}; gates set to γ_cur=-0.5, γ_rec=0.5")
+          f"{'bf16 autocast' if args.gpu else 'fp32'}; "
+          + (f"trained checkpoint {args.checkpoint}" if args.checkpoint else "gates set to γ_cur=-0.5, γ_rec=0.5")
+          + f"; batch {'from ' + str(args.data) if args.data else 'of random ids'}")
     variants = [build_variant(name, args, device) for name in VARIANTS]
     batch = make_batch(args, device)
     timing = time_paired(variants, batch, args, device)
@@ -284,13 +321,13 @@ def _without_json(argv: list[str]) -> list[str]:
 
 def report(timing: dict[str, Any], memory: dict[str, int], memory_kind: str, args: argparse.Namespace) -> None:
     print(f"\n{'variant':<14}{'median step (s)':>17}{'ratio (median of pairs)':>26}{'jacobi its':>12}"
-          f"{'memory (MiB)':>14}{'mem ratio':>11}")
+          f"{'first loss':>12}{'memory (MiB)':>14}{'mem ratio':>11}")
     for name in VARIANTS:
         t = timing[name]
         its = "-" if t["jacobi_iterations"] is None else f"{t['jacobi_iterations']:.1f}"
         mem_ratio = memory[name] / memory["transformer"] if memory["transformer"] > 0 else float("nan")
         print(f"{name:<14}{t['median_step_s']:>17.4f}{t['median_ratio_vs_transformer']:>26.2f}{its:>12}"
-              f"{memory[name] / 2**20:>14.1f}{mem_ratio:>11.2f}")
+              f"{t['first_step_loss']:>12.4f}{memory[name] / 2**20:>14.1f}{mem_ratio:>11.2f}")
     print(f"memory measure: {memory_kind}")
     fixed = timing["t2mlr-fixed"]["median_ratio_vs_transformer"]
     verdict = "within" if fixed <= 2.24 else "above"

@@ -182,6 +182,22 @@ def test_shallow_jacobi_prefill_is_an_approximation() -> None:
     assert (shallow.recurrent_states - exact.recurrent_states).abs().max() > 1e-3
 
 
+def test_jacobi_prefill_with_a_tolerance_stops_once_converged_and_decodes_exactly() -> None:
+    model = tiny_model(dtype=torch.float32)
+    prompt = random_ids(2, 8)
+    with torch.no_grad():
+        iterations = model(prompt, recurrence="jacobi", d_forward=40, d_backward=1, jacobi_tol=1e-6).jacobi_iterations
+    assert iterations < 40  # converged: position t is exact after t iterations, so at most ~9 are needed
+    out = _generate(model, prompt, new=5, prefill="jacobi", prefill_depth=40, prefill_tol=1e-6)
+    exact = _exact_logits(model, out.sequences)
+    for step, logits in enumerate(out.logits):
+        assert (logits - exact[:, prompt.shape[1] - 1 + step]).abs().max() <= TOL
+    with pytest.raises(ValueError, match="prefill_tol must be >= 0"):
+        model.generate(prompt, max_new_tokens=1, prefill="jacobi", prefill_tol=-1.0)
+    with pytest.raises(ValueError, match="apply to prefill='jacobi' only"):
+        model.generate(prompt, max_new_tokens=1, prefill="exact", prefill_tol=1e-3)
+
+
 # ----------------------------------------------------------------------------- expansion and cropping
 def test_num_return_sequences_keeps_each_sample_on_its_own_state() -> None:
     model = tiny_model(dtype=torch.float32)
@@ -253,7 +269,10 @@ def test_generate_kwargs_pin_the_prefill_path() -> None:
     model = tiny_model(dtype=torch.float32)
     assert generate_kwargs(model, GenerationSettings(max_new_tokens=3))["prefill"] == "exact"
     jacobi = generate_kwargs(model, GenerationSettings(prefill="jacobi", prefill_depth=4))
-    assert (jacobi["prefill"], jacobi["prefill_depth"]) == ("jacobi", 4)
+    assert (jacobi["prefill"], jacobi["prefill_depth"], jacobi["prefill_tol"]) == ("jacobi", 4, None)
+    assert generate_kwargs(model, GenerationSettings(prefill="jacobi", prefill_tol=1e-3))["prefill_tol"] == 1e-3
+    with pytest.raises(ValueError, match="jacobi only"):
+        generate_kwargs(model, GenerationSettings(prefill_tol=1e-3))
     with pytest.raises(ValueError, match="not a T²MLR model"):
         generate_kwargs(model.base, GenerationSettings(prefill="jacobi"))
     with pytest.raises(ValueError, match="jacobi only"):

@@ -35,6 +35,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--prefill-depth", type=int, default=None, help="Jacobi cache iterations (default: the model's d_forward)"
     )
+    parser.add_argument(
+        "--prefill-tol", type=float, default=None,
+        help="stop the Jacobi iterations once the cache moves by at most this much (max |ΔR|)",
+    )
     parser.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--top-p", type=float, default=1.0)
@@ -61,6 +65,7 @@ def settings_from_args(args: argparse.Namespace) -> GenerationSettings:
         max_new_tokens=args.max_new_tokens,
         prefill=args.prefill,
         prefill_depth=args.prefill_depth,
+        prefill_tol=args.prefill_tol,
         do_sample=args.do_sample,
         temperature=args.temperature,
         top_p=args.top_p,

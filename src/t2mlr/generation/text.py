@@ -27,6 +27,7 @@ class GenerationSettings:
     max_new_tokens: int = 128
     prefill: str = "exact"
     prefill_depth: int | None = None
+    prefill_tol: float | None = None
     do_sample: bool = False
     temperature: float = 1.0
     top_p: float = 1.0
@@ -38,10 +39,12 @@ class GenerationSettings:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.prefill not in PREFILL_PATHS:
             raise ValueError(f"prefill must be one of {PREFILL_PATHS}, got {self.prefill!r}")
-        if self.prefill_depth is not None and self.prefill != "jacobi":
-            raise ValueError("--prefill-depth applies to --prefill jacobi only")
+        if (self.prefill_depth is not None or self.prefill_tol is not None) and self.prefill != "jacobi":
+            raise ValueError("--prefill-depth and --prefill-tol apply to --prefill jacobi only")
         if self.prefill_depth is not None and self.prefill_depth < 1:
             raise ValueError(f"prefill_depth must be >= 1, got {self.prefill_depth}")
+        if self.prefill_tol is not None and not self.prefill_tol >= 0:
+            raise ValueError(f"prefill_tol must be >= 0, got {self.prefill_tol}")
         if not self.do_sample and (self.temperature != 1.0 or self.top_p != 1.0 or self.top_k != 0):
             raise ValueError("--temperature, --top-p and --top-k need --do-sample (greedy decoding ignores them)")
         if self.temperature <= 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
@@ -62,7 +65,8 @@ def generate_kwargs(model: PreTrainedModel, settings: GenerationSettings) -> dic
         kwargs["prefill"] = settings.prefill
         if settings.prefill == "jacobi":
             kwargs["prefill_depth"] = settings.prefill_depth
-    elif settings.prefill != "exact" or settings.prefill_depth is not None:
+            kwargs["prefill_tol"] = settings.prefill_tol
+    elif settings.prefill != "exact" or settings.prefill_depth is not None or settings.prefill_tol is not None:
         raise ValueError(f"{type(model).__name__} is not a T²MLR model: it has no Jacobi prefill")
     return kwargs
 

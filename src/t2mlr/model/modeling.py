@@ -620,29 +620,37 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, GenerationMixin):
         generated = torch.ones(batch, total - prompt_mask.shape[1], dtype=torch.bool, device=prompt_mask.device)
         return torch.cat([prompt_mask.bool(), generated], dim=1)[:, past : past + chunk]
 
-    def generate(self, *args: Any, prefill: str | None = None, prefill_depth: int | None = None, **kwargs: Any):
+    def generate(
+        self,
+        *args: Any,
+        prefill: str | None = None,
+        prefill_depth: int | None = None,
+        prefill_tol: float | None = None,
+        **kwargs: Any,
+    ):
         """`GenerationMixin.generate` plus the prompt's forward path.
 
         prefill="exact" (default: the config's eval path) runs the prompt's middle block token by token;
         prefill="jacobi" runs it in parallel with `prefill_depth` cache iterations (default: the config's
-        d_forward), approximate unless prefill_depth >= prompt length. Every later chunk continues the
-        cache on the exact path: one token per step (where both paths coincide), or token by token for
-        the verification chunks of assisted decoding. With recurrence_mask_policy="mask", pass
+        d_forward), approximate unless prefill_depth >= prompt length; `prefill_tol` stops those
+        iterations early once max |ΔR| <= tol (a trained model's cache often converges in a few, so a
+        generous depth with a tolerance costs only what the prompt needs). Every later chunk continues
+        the cache on the exact path: one token per step (where both paths coincide), or token by token
+        for the verification chunks of assisted decoding. With recurrence_mask_policy="mask", pass
         `recurrence_mask` for the prompt; generated tokens recur.
         """
-        if prefill is None:
-            if prefill_depth is not None:
-                raise ValueError("prefill_depth needs prefill='jacobi'")
-        else:
+        if prefill != "jacobi" and (prefill_depth is not None or prefill_tol is not None):
+            raise ValueError("prefill_depth and prefill_tol apply to prefill='jacobi' only")
+        if prefill is not None:
             if prefill not in ("exact", "jacobi"):
                 raise ValueError(f"prefill must be 'exact' or 'jacobi', got {prefill!r}")
-            if prefill == "exact" and prefill_depth is not None:
-                raise ValueError("prefill_depth applies to prefill='jacobi' only")
             kwargs["recurrence"] = prefill
-            if prefill == "jacobi":
-                depth = self.config.d_forward if prefill_depth is None else prefill_depth
-                check_depths(depth, 1)
-                kwargs["d_forward"], kwargs["d_backward"] = depth, 1
+        if prefill == "jacobi":
+            depth = self.config.d_forward if prefill_depth is None else prefill_depth
+            check_depths(depth, 1)
+            if prefill_tol is not None and not prefill_tol >= 0:
+                raise ValueError(f"prefill_tol must be >= 0, got {prefill_tol!r}")
+            kwargs["d_forward"], kwargs["d_backward"], kwargs["jacobi_tol"] = depth, 1, prefill_tol
         return super().generate(*args, **kwargs)
 
 

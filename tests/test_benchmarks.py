@@ -1,0 +1,107 @@
+"""The benchmark scripts run end to end at toy sizes (their figures are produced on purpose-sized runs)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+from transformers import LlamaForCausalLM
+
+from t2mlr import T2MLRForCausalLM
+from conftest import open_gates, tiny_base_config
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def load_script(name: str) -> ModuleType:
+    sys.path.insert(0, str(BENCHMARKS))
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(autouse=True)
+def keep_thread_count():
+    """The CPU benchmarks pin torch to one thread; the rest of the suite keeps its own setting."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def table_rows(text: str) -> list[list[str]]:
+    """Body rows of the markdown table a script prints (its header starts with "| model")."""
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in text.splitlines()
+            if line.startswith("| ") and not line.startswith("| model")]
+
+
+def test_prefill_benchmark_runs_and_deep_jacobi_matches_exact(capsys: pytest.CaptureFixture[str]) -> None:
+    load_script("prefill").main(["--hidden", "64", "--prompt-length", "8", "--depths", "2,9",
+                                 "--placements", "2-3", "--repeats", "1"])
+    rows = {row[1]: row for row in table_rows(capsys.readouterr().out)}
+    assert set(rows) == {"exact", "off (no recurrence)", "jacobi d=2", "jacobi d=9"}
+    assert rows["exact"][0] == "T²MLR(2, 3), hidden 64"
+    assert float(rows["jacobi d=9"][5]) <= 1e-4 and float(rows["jacobi d=9"][6]) <= 1e-4  # depth > prompt: exact
+    assert float(rows["off (no recurrence)"][5]) > 1e-3  # the recurrence matters, so the check above can fail
+
+
+def test_decode_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    load_script("decode_overhead").main(["--hidden", "64", "--lengths", "4", "--placements", "2-3", "--repeats", "1"])
+    out = capsys.readouterr().out
+    (row,) = table_rows(out)
+    assert row[:2] == ["T²MLR(2, 3)", "4"] and float(row[-1].rstrip("×")) > 0
+    assert "proportions at hidden 64" in out
+
+
+@pytest.fixture(scope="module")
+def corpus_and_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A corpus + BPE tokenizer from text_corpus.py, and a saved T²MLR of its vocabulary with opened gates."""
+    root = tmp_path_factory.mktemp("bench")
+    source = root / "src"
+    source.mkdir()
+    for i in range(3):
+        (source / f"mod{i}.py").write_text("\n".join(f"def f{j}(x):\n    return x * {j} + {i}" for j in range(40)))
+    corpus = root / "corpus"
+    load_script("text_corpus").main(["--out", str(corpus), "--source", str(source), "--vocab", "300"])
+    assert (corpus / "train.jsonl").read_text().count("\n") == 2 and (corpus / "eval.jsonl").is_file()
+    torch.manual_seed(0)
+    model = open_gates(T2MLRForCausalLM.from_base(LlamaForCausalLM(tiny_base_config(layers=4, vocab_size=300)), 2, 3))
+    model.save_pretrained(root / "ckpt")
+    return corpus, root / "ckpt"
+
+
+def test_prefill_benchmark_on_a_trained_checkpoint(corpus_and_checkpoint, capsys: pytest.CaptureFixture[str]) -> None:
+    corpus, checkpoint = corpus_and_checkpoint
+    load_script("prefill").main(["--checkpoint", str(checkpoint), "--data", str(corpus / "eval.jsonl"),
+                                 "--tokenizer", str(corpus / "tokenizer"), "--prompt-length", "12",
+                                 "--depths", "2,20", "--tols", "1e-6", "--repeats", "1"])
+    rows = {row[1]: row for row in table_rows(capsys.readouterr().out)}
+    assert rows["exact"][0] == "trained T²MLR(2, 3), hidden 32"
+    assert float(rows["jacobi d=20"][5]) <= 1e-4 < float(rows["off (no recurrence)"][5])  # depth > prompt: exact
+    # position t is exact after t iterations: the cache stops moving after about 12, and the tolerance sees it
+    assert rows["jacobi d=20"][4] == "20" and int(rows["jacobi d=20 tol 1e-06"][4]) < 20
+    assert float(rows["jacobi d=20 tol 1e-06"][5]) <= 1e-4
+
+
+def test_train_overhead_on_a_trained_checkpoint_with_corpus_data(corpus_and_checkpoint, tmp_path: Path) -> None:
+    corpus, checkpoint = corpus_and_checkpoint
+    report = tmp_path / "overhead.json"
+    load_script("train_overhead").main([
+        "--checkpoint", str(checkpoint), "--data", str(corpus / "eval.jsonl"), "--tokenizer", str(corpus / "tokenizer"),
+        "--seq", "16", "--batch", "2", "--d-forward", "6", "--d-backward", "2", "--tol", "1e9",
+        "--repeats", "1", "--warmup", "0", "--json", str(report),
+    ])
+    result = json.loads(report.read_text())
+    assert result["args"]["hidden"] == "32" and result["args"]["l_start"] == "2"  # taken from the checkpoint
+    timing = result["timing"]
+    assert timing["t2mlr-fixed"]["jacobi_iterations"] == 6
+    # a huge tolerance stops the detached iterations as early as allowed (2), the 2 with gradients still run
+    assert timing["t2mlr-tol"]["jacobi_iterations"] == 2 + 2
+    for name in ("transformer", "t2mlr-fixed", "t2mlr-tol"):
+        assert result["memory_bytes"][name] > 0 and 0 < timing[name]["first_step_loss"] < 20
