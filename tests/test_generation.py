@@ -13,6 +13,7 @@ decoding must equal its base model's own `generate`, token for token and logit f
 from __future__ import annotations
 
 import argparse
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ import pytest
 import torch
 from conftest import VOCAB, random_ids, tiny_model
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedModel, PreTrainedTokenizerFast
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerFast
 
 from t2mlr.generation import GenerationSettings, generate_kwargs, matched_hidden_size
 from t2mlr.generation.commands import register
@@ -196,6 +197,45 @@ def test_jacobi_prefill_with_a_tolerance_stops_once_converged_and_decodes_exactl
         model.generate(prompt, max_new_tokens=1, prefill="jacobi", prefill_tol=-1.0)
     with pytest.raises(ValueError, match="apply to prefill='jacobi' only"):
         model.generate(prompt, max_new_tokens=1, prefill="exact", prefill_tol=1e-3)
+
+
+@contextlib.contextmanager
+def count_host_reads() -> Iterator[dict[str, int]]:
+    """Counts tensor → Python conversions (each one a host sync on a GPU) while the block runs."""
+    names = ("__bool__", "__int__", "__float__", "__index__", "item", "tolist")
+    originals = {name: getattr(torch.Tensor, name) for name in names}
+    counts = dict.fromkeys(names, 0)
+
+    def counting(name: str) -> Any:
+        def read(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            counts[name] += 1
+            return originals[name](self, *args, **kwargs)
+
+        return read
+
+    for name in names:
+        setattr(torch.Tensor, name, counting(name))
+    try:
+        yield counts
+    finally:
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, original)
+
+
+def test_a_decode_step_adds_one_host_read_to_the_base_models() -> None:
+    """GPU decoding stalls at every host sync; T²MLR's input checks share one (the 1.03× target)."""
+    model = tiny_model(dtype=torch.float32)
+    prompt, step = random_ids(2, 6), random_ids(2, 1, seed=3)
+    ours, theirs = T2MLRCache(config=model.config), DynamicCache(config=model.base.config)
+    with torch.no_grad():
+        model(prompt, past_key_values=ours, use_cache=True, recurrence="exact")
+        model.base(prompt, past_key_values=theirs, use_cache=True)
+        mask = torch.ones(2, 7, dtype=torch.long)
+        with count_host_reads() as t2mlr_reads:
+            model(step, attention_mask=mask, past_key_values=ours, use_cache=True, recurrence="exact")
+        with count_host_reads() as base_reads:
+            model.base(step, attention_mask=mask, past_key_values=theirs, use_cache=True)
+    assert sum(t2mlr_reads.values()) == sum(base_reads.values()) + 1
 
 
 # ----------------------------------------------------------------------------- expansion and cropping

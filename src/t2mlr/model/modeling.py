@@ -254,13 +254,13 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, GenerationMixin):
         if jacobi_tol is not None and not jacobi_tol >= 0:
             raise ValueError(f"jacobi_tol must be >= 0 or None, got {jacobi_tol!r}")
 
-        hidden = self._embed(input_ids, inputs_embeds)
-        batch, length = hidden.shape[:2]
+        batch, length, device = self._input_shape(input_ids, inputs_embeds)
         cache = self._resolve_cache(past_key_values, use_cache)
         past = cache.get_seq_length() if cache is not None else 0
         attention_mask = self._check_attention_mask(attention_mask, batch, past + length)
-        layout = self._token_layout(attention_mask, position_ids, document_ids, past, batch, length, hidden.device)
-        self._check_positions(layout.position_ids)
+        layout = self._token_layout(attention_mask, position_ids, document_ids, past, batch, length, device)
+        self._check_ranges(input_ids, layout.position_ids)
+        hidden = inputs_embeds if input_ids is None else self.base.model.embed_tokens(input_ids)
         recurrence_mask = self._check_recurrence_mask(recurrence_mask, batch, length)
         inputs = self._layer_inputs(hidden, attention_mask, layout, cache)
 
@@ -301,7 +301,10 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, GenerationMixin):
         )
 
     # ----------------------------------------------------------------------------- input checks
-    def _embed(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None) -> torch.Tensor:
+    def _input_shape(
+        self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None
+    ) -> tuple[int, int, torch.device]:
+        """Batch, length and device of the chunk, after checking the inputs' types and shapes."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids or inputs_embeds")
         if inputs_embeds is not None:
@@ -309,15 +312,29 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, GenerationMixin):
                 raise ValueError(
                     f"inputs_embeds must have shape (batch, seq, {self.config.hidden_size}), got {tuple(inputs_embeds.shape)}"
                 )
-            return inputs_embeds
+            return inputs_embeds.shape[0], inputs_embeds.shape[1], inputs_embeds.device
         if input_ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
             raise ValueError(f"input_ids must be an integer tensor of token ids, got dtype {input_ids.dtype}")
         if input_ids.dim() != 2 or input_ids.shape[1] == 0:
             raise ValueError(f"input_ids must have shape (batch, seq) with seq >= 1, got {tuple(input_ids.shape)}")
-        low, high = int(input_ids.min()), int(input_ids.max())
-        if low < 0 or high >= self.config.vocab_size:
-            raise ValueError(f"token ids must lie in [0, {self.config.vocab_size}), got range [{low}, {high}]")
-        return self.base.model.embed_tokens(input_ids)
+        return input_ids.shape[0], input_ids.shape[1], input_ids.device
+
+    def _check_ranges(self, input_ids: torch.Tensor | None, position_ids: torch.Tensor) -> None:
+        """Token ids inside the vocabulary and positions below the base model's limit, read back in one
+        host sync (each sync stalls a GPU decode step; an out-of-range id would otherwise reach the
+        embedding and fail there as an opaque device-side assert)."""
+        limit = getattr(self.config.base_config, "max_position_embeddings", None)
+        bounds = [position_ids.max()]
+        if input_ids is not None:
+            bounds += [input_ids.min().to(position_ids.dtype), input_ids.max().to(position_ids.dtype)]
+        highest_position, *id_range = torch.stack(bounds).tolist()
+        if id_range and (id_range[0] < 0 or id_range[1] >= self.config.vocab_size):
+            raise ValueError(f"token ids must lie in [0, {self.config.vocab_size}), got range [{id_range[0]}, {id_range[1]}]")
+        if limit is not None and highest_position >= limit:
+            raise ValueError(
+                f"position {highest_position} exceeds the base model's limit (max_position_embeddings={limit}); "
+                "shorten the sequence or pack it into documents"
+            )
 
     @staticmethod
     def _resolve_cache(past_key_values: Any, use_cache: bool | None) -> T2MLRCache | None:
@@ -340,14 +357,6 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, GenerationMixin):
                 f"attention_mask must be 2D (batch, past + seq) = ({batch}, {total}), got {tuple(mask.shape)}"
             )
         return mask
-
-    def _check_positions(self, position_ids: torch.Tensor) -> None:
-        limit = getattr(self.config.base_config, "max_position_embeddings", None)
-        if limit is not None and int(position_ids.max()) >= limit:
-            raise ValueError(
-                f"position {int(position_ids.max())} exceeds the base model's limit (max_position_embeddings={limit}); "
-                "shorten the sequence or pack it into documents"
-            )
 
     def _check_recurrence_mask(self, mask: torch.Tensor | None, batch: int, length: int) -> torch.Tensor | None:
         policy = self.config.recurrence_mask_policy
@@ -398,7 +407,7 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, GenerationMixin):
         later_starts = starts.clone()
         later_starts[:, 0] = False
         first_real = real.long().cumsum(-1) == 1
-        packed = bool((later_starts & ~first_real).any())
+        packed = length > 1 and bool((later_starts & ~first_real).any())  # a one-token step never is (no sync)
         if packed and past > 0:
             raise ValueError("a new document (position 0) cannot start inside a chunk that continues a cache")
         return TokenLayout(
