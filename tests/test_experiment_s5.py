@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 import time
 
 import pytest
 import torch
+import yaml
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
@@ -154,6 +156,23 @@ def test_cli_registers_the_experiment() -> None:
     register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["experiment", "s5-retrieval", "--preset", "tiny", "--out", "x", "--models", "lstm"])
     assert args.preset == "tiny" and args.models == ["lstm"] and callable(args.func)
+
+
+def test_cli_seed_reaches_the_data_and_the_training(tmp_path) -> None:
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+    runs = {}
+    for seed in (None, 7):
+        out = tmp_path / f"seed{seed}"
+        argv = ["experiment", "s5-retrieval", "--preset", "tiny", "--out", str(out), "--models", "lstm", "--steps", "2"]
+        args = parser.parse_args(argv + ([] if seed is None else ["--seed", str(seed)]))
+        assert args.func(args) == 0
+        meta = json.loads((out / "data" / "meta.json").read_text())
+        train_seed = yaml.safe_load((out / "lstm" / "config.yaml").read_text())["train"]["seed"]
+        runs[seed] = (meta["data"]["seed"], (out / "data" / "eval.jsonl").read_text())
+        assert train_seed == runs[seed][0]
+    assert runs[None][0] == 0 and runs[7][0] == 7
+    assert runs[None][1] != runs[7][1]  # other held-out sequences
 
 
 def test_tiny_experiment_end_to_end(tmp_path) -> None:

@@ -12,6 +12,7 @@ training run directory per model (checkpoints, metrics.jsonl, train.log). Exit c
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,6 +36,8 @@ def run_s5(args: argparse.Namespace) -> int:
         preset = get_preset(args.preset)
         if args.steps is not None:
             preset = preset.with_steps(**{name: args.steps for name in preset.steps})
+        if args.seed is not None:
+            preset = dataclasses.replace(preset, seed=args.seed)
         run_experiment(preset, args.out, device=args.device, models=tuple(args.models),
                        resume=args.resume, overwrite=args.overwrite)
     except NonFiniteLossError as err:
@@ -56,6 +59,8 @@ def _add_s5(sub: Any) -> None:
                    default=["t2mlr", "transformer", "lstm"], help="models to train (default: all three)")
     p.add_argument("--steps", type=int, default=None, help="override every model's training steps")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="seed of the data (and the cpu preset's generating set) and of training (default: the preset's, 0)")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--resume", action="store_true", help="continue (or only re-evaluate) existing runs in --out")
     group.add_argument("--overwrite", action="store_true", help="delete existing runs in --out first")
