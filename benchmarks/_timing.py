@@ -17,6 +17,7 @@ import datetime as _dt
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -92,6 +93,15 @@ def paired_times(
 def median_ratio(numerators: Sequence[float], denominators: Sequence[float]) -> float:
     """Median of per-pair ratios."""
     return statistics.median(n / d for n, d in zip(numerators, denominators))
+
+
+def print_report(title: str, info: dict[str, str], script: str, argv: Sequence[str] | None,
+                 headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    """A benchmark's result as pasted into benchmarks/RESULTS.md: title, machine, command, table."""
+    print(f"\n### {title}\n")
+    print(info_lines(info))
+    print(f"- command: python benchmarks/{script} {' '.join(sys.argv[1:] if argv is None else argv)}\n")
+    print(markdown_table(headers, rows))
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

@@ -39,13 +39,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from _timing import (  # noqa: E402
     DTYPES,
-    info_lines,
     machine_info,
-    markdown_table,
     median_ratio,
     paired_times,
     parse_int_list,
     parse_placements,
+    print_report,
     resolve_device,
     smollm2_shaped_config,
 )
@@ -167,13 +166,9 @@ def main(argv: list[str] | None = None) -> None:
     for placement in args.placements:
         rows += measure_placement(placement, baseline, args)
     headers = ["model", "new tokens", "T²MLR s", "baseline s", "T²MLR ms/token", "baseline ms/token", "time ratio"]
-    print()
-    print(f"### Decoding overhead vs the parameter-matched Transformer ({str(args.dtype).removeprefix('torch.')}, "
-          f"greedy from BOS, median of {args.repeats} paired runs)\n")
-    print(info_lines(info))
-    print(f"- command: python benchmarks/decode_overhead.py {' '.join(sys.argv[1:] if argv is None else argv)}\n")
-    print(markdown_table(headers, rows))
-
+    title = (f"Decoding overhead vs the parameter-matched Transformer ({str(args.dtype).removeprefix('torch.')}, "
+             f"greedy from BOS, median of {args.repeats} paired runs)")
+    print_report(title, info, "decode_overhead.py", argv, headers, rows)
 
 if __name__ == "__main__":
     main()

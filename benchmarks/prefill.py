@@ -52,11 +52,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from _timing import (  # noqa: E402
     DTYPES,
-    info_lines,
     machine_info,
-    markdown_table,
     parse_int_list,
     parse_placements,
+    print_report,
     resolve_device,
     smollm2_shaped_config,
     text_rows,
@@ -206,15 +205,11 @@ def main(argv: list[str] | None = None) -> None:
             rows += measure(model, random_prompt(model, args), f"T²MLR{placement}, hidden {hidden}", args)
     headers = ["model", "prefill", "seconds", "speed-up vs exact", "Jacobi iterations", "max |Δ logit| (last pos.)",
                "max |Δ R| handed over"]
-    print()
     weights = (f"trained checkpoint {args.checkpoint}, prompt from {args.data}" if args.checkpoint
                else f"random weights, gates opened, fusion-scale {args.fusion_scale:g}")
-    print(f"### Jacobi vs exact prefill ({args.prompt_length}-token prompt, {str(args.dtype).removeprefix('torch.')}, "
-          f"median of {args.repeats} repeats; {weights})\n")
-    print(info_lines(info))
-    print(f"- command: python benchmarks/prefill.py {' '.join(sys.argv[1:] if argv is None else argv)}\n")
-    print(markdown_table(headers, rows))
-
+    title = (f"Jacobi vs exact prefill ({args.prompt_length}-token prompt, {str(args.dtype).removeprefix('torch.')}, "
+             f"median of {args.repeats} repeats; {weights})")
+    print_report(title, info, "prefill.py", argv, headers, rows)
 
 if __name__ == "__main__":
     main()

@@ -99,10 +99,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run `params` standalone: `python -m t2mlr.baselines.commands params`."""
-    parser = argparse.ArgumentParser(prog="t2mlr")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return int(args.func(args))
+    from t2mlr.cli import run_registered
+
+    return run_registered(register, argv)
 
 
 if __name__ == "__main__":

@@ -77,10 +77,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run standalone: `python -m t2mlr.experiments.commands experiment s5-retrieval --preset tiny`."""
-    parser = argparse.ArgumentParser(prog="t2mlr")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return int(args.func(args))
+    from t2mlr.cli import run_registered
+
+    return run_registered(register, argv)
 
 
 if __name__ == "__main__":

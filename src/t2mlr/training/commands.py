@@ -16,6 +16,7 @@ import argparse
 import logging
 import sys
 import types
+from collections.abc import Sequence
 from typing import Any
 
 log = logging.getLogger("t2mlr.training")
@@ -128,9 +129,8 @@ def run_plot(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Standalone entry point: `python -m t2mlr.training train ...` (same as `t2mlr train ...`)."""
-    parser = argparse.ArgumentParser(prog="python -m t2mlr.training")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return int(args.func(args))
+    from t2mlr.cli import run_registered
+
+    return run_registered(register, argv, prog="python -m t2mlr.training")
