@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from t2mlr.training.commands import register, train_overrides
-from t2mlr.training.config import PRESET_DIRS, ConfigError, load_config, parse_override
+from t2mlr.training.config import PRESET_DIRS, ConfigError, load_config, parse_override, resolve_config_path
 from t2mlr.training.optim import is_no_decay, lr_multiplier, param_groups
 from t2mlr.training.config import OptimConfig, ScheduleConfig
 
@@ -63,6 +63,16 @@ def test_bad_configs_fail_with_clear_messages(override: str, fragment: str) -> N
 def test_unknown_preset_lists_presets() -> None:
     with pytest.raises(ConfigError, match="debug"):
         load_config("no_such_preset")
+
+
+def test_presets_ship_inside_the_package_and_the_checkout_links_them() -> None:
+    import t2mlr
+
+    shipped = Path(t2mlr.__file__).resolve().parent / "configs"
+    assert resolve_config_path("debug").resolve().parent == shipped  # a wheel carries them (package data)
+    repo = Path(__file__).resolve().parents[1]
+    assert (repo / "configs" / "debug.yaml").resolve() == shipped / "debug.yaml"  # <repo>/configs is that folder
+    assert "configs/*.yaml" in (repo / "pyproject.toml").read_text()
 
 
 def test_extends_merges_parent(tmp_path: Path) -> None:

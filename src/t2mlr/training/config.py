@@ -22,7 +22,7 @@ import yaml
 
 RecurrencePath = Literal["exact", "jacobi", "off"]
 PRESET_DIRS = (
-    Path(__file__).resolve().parents[3] / "configs",  # repository checkout: <repo>/configs
+    Path(__file__).resolve().parents[1] / "configs",  # shipped in the package; <repo>/configs links here
 )
 
 
