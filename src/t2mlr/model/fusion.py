@@ -53,7 +53,7 @@ class GatedFusion(nn.Module):
         g_rec = torch.tanh(self.gamma_rec).to(h.dtype)
         cur = torch.sigmoid(self.f_cur(hr)) * h
         rec = torch.sigmoid(self.f_rec(hr)) * self.w_rec(r)
-        return h + g_cur * cur + g_rec * rec
+        return torch.addcmul(torch.addcmul(h, g_cur, cur), g_rec, rec)  # h + g_cur·cur + g_rec·rec, 2 kernels
 
 
 class CacheNorm(nn.Module):

@@ -296,7 +296,7 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, GenerationMixin):
             loss=loss,
             logits=logits,
             past_key_values=cache,
-            recurrent_state=None if states is None else states[:, -1],
+            recurrent_state=None if states is None else _last_state(states),
             jacobi_iterations=iterations,
         )
 
@@ -324,10 +324,10 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, GenerationMixin):
         host sync (each sync stalls a GPU decode step; an out-of-range id would otherwise reach the
         embedding and fail there as an opaque device-side assert)."""
         limit = getattr(self.config.base_config, "max_position_embeddings", None)
-        bounds = [position_ids.max()]
+        bounds = [position_ids.max().reshape(1)]
         if input_ids is not None:
-            bounds += [input_ids.min().to(position_ids.dtype), input_ids.max().to(position_ids.dtype)]
-        highest_position, *id_range = torch.stack(bounds).tolist()
+            bounds.append(torch.stack(torch.aminmax(input_ids)).to(position_ids.dtype))
+        highest_position, *id_range = torch.cat(bounds).tolist()
         if id_range and (id_range[0] < 0 or id_range[1] >= self.config.vocab_size):
             raise ValueError(f"token ids must lie in [0, {self.config.vocab_size}), got range [{id_range[0]}, {id_range[1]}]")
         if limit is not None and highest_position >= limit:
@@ -382,9 +382,10 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, GenerationMixin):
         device: torch.device,
     ) -> TokenLayout:
         """Positions, padding and document starts of the chunk (SPEC §4)."""
-        real = torch.ones(batch, length, dtype=torch.bool, device=device)
         if attention_mask is not None:
             real = attention_mask[:, -length:].to(device=device, dtype=torch.bool)
+        else:
+            real = torch.ones(batch, length, dtype=torch.bool, device=device)
         if document_ids is not None:
             if past > 0:
                 raise ValueError("document_ids can only be given for a sequence processed from its start (no cache)")
@@ -404,10 +405,7 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, GenerationMixin):
         if document_ids is None:
             starts = position_ids == 0
         starts = starts & real
-        later_starts = starts.clone()
-        later_starts[:, 0] = False
-        first_real = real.long().cumsum(-1) == 1
-        packed = length > 1 and bool((later_starts & ~first_real).any())  # a one-token step never is (no sync)
+        packed = length > 1 and _starts_a_later_document(starts, real)  # a one-token step never does (no sync)
         if packed and past > 0:
             raise ValueError("a new document (position 0) cannot start inside a chunk that continues a cache")
         return TokenLayout(
@@ -486,7 +484,7 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, GenerationMixin):
     @staticmethod
     def _read_state(state: torch.Tensor, document_start: torch.Tensor) -> torch.Tensor:
         """R as read by a token: zero at a document start."""
-        return torch.where(document_start[..., None], torch.zeros_like(state), state)
+        return state.masked_fill(document_start[..., None], 0.0)
 
     # ----------------------------------------------------------------------------- exact path
     def _exact_middle(
@@ -661,6 +659,19 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, GenerationMixin):
                 raise ValueError(f"prefill_tol must be >= 0, got {prefill_tol!r}")
             kwargs["d_forward"], kwargs["d_backward"], kwargs["jacobi_tol"] = depth, 1, prefill_tol
         return super().generate(*args, **kwargs)
+
+
+def _last_state(states: torch.Tensor) -> torch.Tensor:
+    """R after the chunk's last token; a copy when it carries gradients, since FSDP2 hooks a module's
+    outputs and warns that in-place changes to a view would bypass them."""
+    last = states[:, -1]
+    return last.clone() if last.requires_grad else last
+
+
+def _starts_a_later_document(starts: torch.Tensor, real: torch.Tensor) -> bool:
+    """Whether a row holds a document start after its first real token (a packed chunk); one host sync."""
+    first_real = real.long().cumsum(-1) == 1
+    return bool((starts[:, 1:] & ~first_real[:, 1:]).any())
 
 
 def _positions_within_documents(starts: torch.Tensor) -> torch.Tensor:

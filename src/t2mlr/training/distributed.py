@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -98,8 +97,6 @@ def apply_fsdp(model: nn.Module, layers: list[nn.Module], middle: set[int]) -> n
     """
     from torch.distributed.fsdp import fully_shard
 
-    # The model returns views (logits slice, last recurrent state); the trainer never modifies outputs in place.
-    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
     ignored = scalar_params(model)
     for index, layer in enumerate(layers):
         fully_shard(layer, reshard_after_forward=index not in middle, ignored_params=ignored & set(layer.parameters()))
