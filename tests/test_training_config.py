@@ -71,7 +71,7 @@ def test_presets_ship_inside_the_package_and_the_checkout_links_them() -> None:
     shipped = Path(t2mlr.__file__).resolve().parent / "configs"
     assert resolve_config_path("debug").resolve().parent == shipped  # a wheel carries them (package data)
     repo = Path(__file__).resolve().parents[1]
-    assert (repo / "configs" / "debug.yaml").resolve() == shipped / "debug.yaml"  # <repo>/configs is that folder
+    assert (repo / "configs").resolve() == repo / "src" / "t2mlr" / "configs"  # <repo>/configs is that folder
     assert "configs/*.yaml" in (repo / "pyproject.toml").read_text()
 
 
