@@ -11,6 +11,7 @@ from a config dict (`model_type: t2mlr_lstm` / `t2mlr_matched_llama`).
 
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from t2mlr.baselines import matching
 from t2mlr.baselines.lstm import T2MLRLSTMConfig, T2MLRLSTMForCausalLM
 from t2mlr.baselines.matching import (
     MatchedSet,
@@ -33,16 +34,8 @@ AutoModelForCausalLM.register(MatchedLlamaConfig, MatchedLlamaForCausalLM, exist
 __all__ = [
     "MatchedLlamaConfig",
     "MatchedLlamaForCausalLM",
-    "MatchedSet",
     "T2MLRLSTMConfig",
     "T2MLRLSTMForCausalLM",
-    "count_parameters",
-    "lstm_parameter_count",
     "matched_llama_config",
-    "matched_lstm_config",
-    "matched_models",
-    "matched_transformer_config",
-    "smallest_at_least",
-    "t2mlr_parameter_count",
-    "transformer_parameter_count",
+    *matching.__all__,
 ]

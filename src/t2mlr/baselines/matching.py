@@ -21,7 +21,7 @@ from transformers import PretrainedConfig
 
 from t2mlr.baselines.lstm import T2MLRLSTMConfig, T2MLRLSTMForCausalLM
 from t2mlr.baselines.transformer import MatchedLlamaConfig, MatchedLlamaForCausalLM, matched_llama_config
-from t2mlr.generation.matching import matched_hidden_size
+from t2mlr.generation.matching import count_parameters, matched_hidden_size
 from t2mlr.model import T2MLRConfig, T2MLRForCausalLM
 
 __all__ = [
@@ -37,11 +37,6 @@ __all__ = [
 ]
 
 MAX_WIDTH = 1 << 20  # a search that passes this width is matching against a wrong count
-
-
-def count_parameters(model: nn.Module) -> int:
-    """Distinct parameters: a tied embedding/head matrix counts once."""
-    return sum(p.numel() for p in model.parameters())
 
 
 def _meta_count(build: Callable[[], nn.Module]) -> int:
