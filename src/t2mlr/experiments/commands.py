@@ -39,7 +39,7 @@ def run_s5(args: argparse.Namespace) -> int:
         if args.seed is not None:
             preset = dataclasses.replace(preset, seed=args.seed)
         run_experiment(preset, args.out, device=args.device, models=tuple(args.models),
-                       resume=args.resume, overwrite=args.overwrite)
+                       resume=args.resume, overwrite=args.overwrite, workers=args.workers)
     except NonFiniteLossError as err:
         print(f"t2mlr experiment: training stopped: {err}", file=sys.stderr)
         return 1
@@ -58,7 +58,11 @@ def _add_s5(sub: Any) -> None:
     p.add_argument("--models", nargs="+", choices=("t2mlr", "transformer", "lstm"),
                    default=["t2mlr", "transformer", "lstm"], help="models to train (default: all three)")
     p.add_argument("--steps", type=int, default=None, help="override every model's training steps")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads in all, split between the workers (default: torch's choice)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="models trained at a time, each in its own process (default: one per model up to the "
+                        "CPU threads on CPU, 1 on a GPU)")
     p.add_argument("--seed", type=int, default=None,
                    help="seed of the data (and the cpu preset's generating set) and of training (default: the preset's, 0)")
     group = p.add_mutually_exclusive_group()

@@ -7,7 +7,8 @@
    demand, deterministically per index (`t2mlr.experiments.s5_data`);
 2. training of the three models with the project trainer (`t2mlr.training`), one run directory each:
    T²MLR on the preset's training path (exact or Jacobi), the matched Transformer and the matched LSTM
-   (`t2mlr.baselines`), all with AdamW + warmup + cosine and the same batch size;
+   (`t2mlr.baselines`), all with AdamW + warmup + cosine and the same batch size; on a CPU the runs
+   train side by side in worker processes (`t2mlr.experiments.concurrent_runs`), on a GPU in turn;
 3. teacher-forced evaluation per N, T²MLR on its **exact** path (`t2mlr.experiments.s5_eval`);
 4. `results.md`, `results.json` and `accuracy_vs_length.png`.
 
@@ -30,9 +31,9 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
-import t2mlr.baselines  # noqa: F401  (registers the baseline model types the trainer builds by name)
 from t2mlr.analysis.s5_plots import plot_accuracy_vs_length
 from t2mlr.baselines.matching import MatchedSet, count_parameters, matched_models
+from t2mlr.experiments.concurrent_runs import RunJob, resolve_workers, train_runs
 from t2mlr.experiments.s5_data import S5DataSpec
 from t2mlr.experiments.s5_eval import NMetrics, evaluate_by_n, summarize
 from t2mlr.experiments.s5_presets import MODEL_NAMES, S5Preset, t2mlr_config
@@ -40,7 +41,6 @@ from t2mlr.tasks.jsonl import read_jsonl, write_jsonl
 from t2mlr.tasks.tokenizers import build_s5_tokenizer
 from t2mlr.training.config import TrainConfig, config_from_tree
 from t2mlr.training.model_factory import build_model, load_initial_weights
-from t2mlr.training.trainer import train
 
 __all__ = ["ModelResult", "run_experiment"]
 
@@ -159,21 +159,12 @@ def train_config(preset: S5Preset, name: str, model: dict[str, Any], tokenizer_d
     return config_from_tree(tree)
 
 
-def train_model(cfg: TrainConfig, run_dir: Path, resume: bool) -> tuple[nn.Module, float, torch.device]:
-    """Train (or, with `resume`, continue) one model with the project trainer.
-
-    Returns the model rebuilt from the run's final checkpoint (so evaluation sees exactly what was
-    saved), the seconds this call trained, and the device it ran on.
-    """
-    started = time.perf_counter()
-    result = train(cfg, run_dir, resume=resume)
-    seconds = time.perf_counter() - started
-    if result.last_checkpoint is None:
-        raise RuntimeError(f"training in {run_dir} ended without a checkpoint to evaluate")
+def load_trained(cfg: TrainConfig, checkpoint: Path) -> tuple[nn.Module, torch.device]:
+    """The model rebuilt from a run's final checkpoint (so evaluation sees exactly what was saved)."""
     device = _device(cfg.train.device)
     model = build_model(cfg.model)
-    load_initial_weights(model, Path(result.last_checkpoint))
-    return model.to(device), seconds, device
+    load_initial_weights(model, checkpoint)
+    return model.to(device), device
 
 
 def _device(choice: str) -> torch.device:
@@ -265,13 +256,19 @@ def describe_models(preset: S5Preset, matched: MatchedSet) -> str:
             f"{preset.warmup_steps} warmup steps then cosine to {preset.min_lr_ratio:g}× lr, batch {preset.batch_size}.")
 
 
+def _concurrency(workers: int) -> str:
+    if workers <= 1:
+        return "the models trained one after another"
+    return f"the models trained {workers} at a time in worker processes, so their training times overlap"
+
+
 def write_results_md(path: Path, preset: S5Preset, matched: MatchedSet, results: list[ModelResult],
-                     wall_seconds: float, device: str) -> None:
+                     wall_seconds: float, device: str, workers: int = 1) -> None:
     lines = [
         "# S5-Retrieval: T²MLR vs parameter-matched Transformer and LSTM",
         "",
         f"Preset `{preset.name}`, device {device}, whole experiment (data, training, evaluation, plot): "
-        f"{_minutes(wall_seconds)}.",
+        f"{_minutes(wall_seconds)}; {_concurrency(workers)}.",
         "",
         f"- Data: {describe_data(preset)}",
         f"- Models: {describe_models(preset, matched)}",
@@ -292,10 +289,12 @@ def write_results_md(path: Path, preset: S5Preset, matched: MatchedSet, results:
     path.write_text("\n".join(lines), encoding="utf-8")
 
 
-def write_results_json(path: Path, preset: S5Preset, results: list[ModelResult], wall_seconds: float) -> None:
+def write_results_json(path: Path, preset: S5Preset, results: list[ModelResult], wall_seconds: float,
+                       workers: int = 1) -> None:
     payload = {
         "preset": asdict(preset),
         "wall_seconds": wall_seconds,
+        "training_workers": workers,
         "models": [{**asdict(r), "per_n": {str(n): asdict(m) for n, m in r.per_n.items()}} for r in results],
     }
     path.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
@@ -338,8 +337,13 @@ def run_experiment(
     models: tuple[str, ...] = MODEL_NAMES,
     resume: bool = False,
     overwrite: bool = False,
+    workers: int | None = None,
 ) -> list[ModelResult]:
-    """Data → three trainings → per-N evaluation → results.md / results.json / accuracy_vs_length.png."""
+    """Data → three trainings → per-N evaluation → results.md / results.json / accuracy_vs_length.png.
+
+    `workers`: trainings run side by side in that many processes (`t2mlr.experiments.concurrent_runs`);
+    None picks one per model up to torch's CPU threads on CPU, and one on a GPU.
+    """
     unknown = set(models) - set(MODEL_NAMES)
     if unknown or not models:
         raise ValueError(f"models must be a non-empty subset of {MODEL_NAMES}, got {models}")
@@ -350,25 +354,28 @@ def run_experiment(
     tqdm.write(f"[s5] preset {preset.name}: data → {out / 'data'}")
     tokenizer, eval_samples = prepare_data(preset, out / "data")
     sections, matched = model_sections(preset, tokenizer)
+    configs = {name: train_config(preset, name, sections[name], out / "data" / "tokenizer", device) for name in models}
+    workers = resolve_workers(workers, len(models), _device(device))
+    tqdm.write(f"[s5] training {', '.join(f'{LABELS[n]} ({preset.steps[n]:,} steps)' for n in models)} → {out}"
+               + (f", {workers} at a time in worker processes" if workers > 1 else ""))
+    trained = train_runs([RunJob(name, configs[name], out / name) for name in models], resume, workers)
     results, device_name = [], device
     for name in models:
-        tqdm.write(f"[s5] training {LABELS[name]} for {preset.steps[name]:,} steps → {out / name}")
-        cfg = train_config(preset, name, sections[name], out / "data" / "tokenizer", device)
-        model, spent, used = train_model(cfg, out / name, resume)
+        model, used = load_trained(configs[name], trained[name].checkpoint)
         device_name = str(used)
         eval_started = time.perf_counter()
         per_n = evaluate_by_n(model, eval_samples, tokenizer, preset.eval_batch_size, used, desc=f"eval {name}")
         results.append(ModelResult(
             name=name, label=LABELS[name], parameters=count_parameters(model), steps=preset.steps[name],
-            train_seconds=_timing(out / name, spent), eval_seconds=time.perf_counter() - eval_started,
-            per_n=per_n, train_path=describe_path(cfg),
+            train_seconds=_timing(out / name, trained[name].seconds), eval_seconds=time.perf_counter() - eval_started,
+            per_n=per_n, train_path=describe_path(configs[name]),
         ))
         del model
     curves = {r.label: {n: (m.exact_match, m.token_accuracy) for n, m in r.per_n.items()} for r in results}
     plot_accuracy_vs_length(curves, preset.train_n, out / FIGURE, title=f"S5-Retrieval ({preset.name} preset)")
     wall = time.perf_counter() - started
-    write_results_md(out / RESULTS_MD, preset, matched, results, wall, device_name)
-    write_results_json(out / RESULTS_JSON, preset, results, wall)
+    write_results_md(out / RESULTS_MD, preset, matched, results, wall, device_name, workers)
+    write_results_json(out / RESULTS_JSON, preset, results, wall, workers)
     tqdm.write(f"[s5] wrote {out / RESULTS_MD}, {out / RESULTS_JSON} and {out / FIGURE} ({_minutes(wall)})")
     return results
 

@@ -147,6 +147,8 @@ class CheckpointConfig:
 class LoggingConfig:
     every: int = 1
     progress_bar: bool = True
+    progress_label: str = ""  # shown before the bar; names the run when several share a terminal
+    progress_line: int | None = None  # tqdm position: the terminal line of this run's bar among concurrent runs
     tensorboard: bool = False
 
 

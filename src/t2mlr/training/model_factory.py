@@ -14,6 +14,7 @@ from typing import Any
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
+import t2mlr.baselines  # noqa: F401  (registers the baseline model types, so any trainer process can build them)
 from t2mlr.training.config import ModelConfig
 
 log = logging.getLogger(__name__)

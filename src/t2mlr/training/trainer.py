@@ -217,7 +217,8 @@ class Trainer:
         cfg = self.cfg
         result = TrainResult(self.out_dir, self.step, last_checkpoint=self.last_checkpoint)
         show = self.env.is_main and cfg.logging.progress_bar
-        bar = tqdm(total=cfg.train.max_steps, initial=self.step, disable=not show, dynamic_ncols=True)
+        bar = tqdm(total=cfg.train.max_steps, initial=self.step, disable=not show, dynamic_ncols=True,
+                   desc=cfg.logging.progress_label or None, position=cfg.logging.progress_line)
         self.wrapped.train()
         try:
             while self.step < cfg.train.max_steps:
