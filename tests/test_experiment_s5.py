@@ -175,6 +175,21 @@ def test_cli_seed_reaches_the_data_and_the_training(tmp_path) -> None:
     assert runs[None][1] != runs[7][1]  # other held-out sequences
 
 
+def test_cli_workers_reach_the_schedule(tmp_path) -> None:
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+    base = ["experiment", "s5-retrieval", "--preset", "tiny", "--models", "transformer", "lstm", "--steps", "2"]
+    for workers in (1, 2):
+        out = tmp_path / f"w{workers}"
+        args = parser.parse_args([*base, "--out", str(out), "--workers", str(workers)])
+        assert args.func(args) == 0
+        assert json.loads((out / "results.json").read_text())["training_workers"] == workers
+        schedule = "2 at a time in worker processes" if workers == 2 else "one after another"
+        assert schedule in (out / RESULTS_MD).read_text(encoding="utf-8")
+    args = parser.parse_args([*base, "--out", str(tmp_path / "w0"), "--workers", "0"])
+    assert args.func(args) == 2  # a clear error, not a silent fallback
+
+
 def test_tiny_experiment_end_to_end(tmp_path) -> None:
     started = time.perf_counter()
     out = tmp_path / "s5"

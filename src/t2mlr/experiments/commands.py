@@ -5,7 +5,8 @@
     t2mlr experiment s5-retrieval --preset tiny --out /tmp/s5     # seconds: pipeline check only
 
 Writes OUT/results.md, OUT/results.json, OUT/accuracy_vs_length.png, the data under OUT/data and one
-training run directory per model (checkpoints, metrics.jsonl, train.log). Exit codes: 0 done,
+training run directory per model (checkpoints, metrics.jsonl, train.log). On a CPU the models train
+side by side, one worker process each up to the CPU threads (--workers); on a GPU in turn. Exit codes: 0 done,
 1 training stopped (non-finite loss), 2 bad input or an existing run directory.
 """
 

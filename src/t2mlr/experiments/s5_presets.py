@@ -120,6 +120,8 @@ _PAPER = S5Preset(
 # learns the products of up to about 7 actions) away from most of the training range: with N 1–10 it
 # reached 66% on one seed. Three generators (3^N words) stop it sooner, but T²MLR then learns the
 # 120 × 3 table on only one seed of three within 3000 steps (96%, 84%, 46%).
+# Measured on seeds 0 / 1 / 2 (EM on N 1–14): T²MLR 95.4 / 99.4 / 96.0%, Transformer 53.6 / 41.3 / 30.9%,
+# LSTM ≤ 0.4%, 20–22 min each (the README has the table).
 _CPU = S5Preset(
     name="cpu",
     k=1,
