@@ -14,7 +14,7 @@ baseline). Weights are random (speed does not depend on them); T²MLR's gates ar
 
 Defaults: on CUDA the paper's lengths 512, 1024, 2048 in bfloat16; on CPU 64, 128, 256 in float32
 and one torch thread (2048 tokens of a 135M model take minutes per run on a CPU; the per-token overhead
-is what is compared; one thread because more spin-wait against other load, see benchmarks/_timing.py),
+is what is compared; one thread because more spin-wait against other load, see t2mlr.analysis.benchmarking),
 three placements, three pairs: about 8.5 minutes.
 
     python benchmarks/decode_overhead.py                       # CPU defaults
@@ -27,30 +27,17 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from t2mlr import T2MLRConfig, T2MLRForCausalLM
+from t2mlr.analysis.benchmarking import machine_info, median_ratio, paired_times, parse_int_list, parse_placements, print_report
+from t2mlr.baselines.matching import count_parameters, matched_baseline_config
+from t2mlr.model.shapes import smollm2_shaped_config
+from t2mlr.utils import DTYPES, resolve_device
 
-from _timing import (  # noqa: E402
-    DTYPES,
-    machine_info,
-    median_ratio,
-    paired_times,
-    parse_int_list,
-    parse_placements,
-    print_report,
-    resolve_device,
-    smollm2_shaped_config,
-)
-
-from t2mlr import T2MLRConfig, T2MLRForCausalLM  # noqa: E402
-from t2mlr.generation.matching import count_parameters, matched_baseline_config  # noqa: E402
 
 PAPER_PLACEMENTS = "1-30,5-26,9-22"
 

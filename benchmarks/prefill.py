@@ -27,7 +27,7 @@ regime more than on the code: an exact step is one token through the middle bloc
 CPU), while a Jacobi pass over the prompt is one large batched computation. A sweep over widths
 shows where a machine crosses from one regime to the other.
 
-CPU: one torch thread by default (benchmarks/_timing.py says why); about 6.5 minutes at hidden 576.
+CPU: one torch thread by default (t2mlr.analysis.benchmarking says why); about 6.5 minutes at hidden 576.
 
     python benchmarks/prefill.py                    # CPU: T²MLR(5,26), 512-token prompt, depths 2..32
     python benchmarks/prefill.py --hidden 64,128,256,576 --depths 8,16
@@ -41,28 +41,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
-from _timing import (  # noqa: E402
-    DTYPES,
-    machine_info,
-    parse_int_list,
-    parse_placements,
-    print_report,
-    resolve_device,
-    smollm2_shaped_config,
-    text_rows,
-    timed,
-)
-
-from t2mlr import T2MLRCache, T2MLRConfig, T2MLRForCausalLM  # noqa: E402
+from t2mlr import T2MLRCache, T2MLRConfig, T2MLRForCausalLM
+from t2mlr.analysis.benchmarking import machine_info, parse_int_list, parse_placements, print_report, text_rows, timed
+from t2mlr.model.shapes import smollm2_shaped_config
+from t2mlr.utils import DTYPES, resolve_device
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -49,14 +49,12 @@ from typing import Any
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from t2mlr import T2MLRForCausalLM
+from t2mlr.analysis.benchmarking import text_rows
+from t2mlr.model.shapes import smollm2_shaped_config
+from t2mlr.training.config import OptimConfig
+from t2mlr.training.optim import build_optimizer
 
-from _timing import smollm2_shaped_config, text_rows  # noqa: E402
-
-from t2mlr import T2MLRForCausalLM  # noqa: E402
-from t2mlr.training.config import OptimConfig  # noqa: E402
-from t2mlr.training.optim import build_optimizer  # noqa: E402
 
 VARIANTS = ("transformer", "t2mlr-fixed", "t2mlr-tol")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import tiny_model
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 import t2mlr.baselines  # noqa: F401  (registers the baseline model types)
@@ -11,15 +12,19 @@ from t2mlr.baselines import (
     MatchedLlamaForCausalLM,
     T2MLRLSTMConfig,
     T2MLRLSTMForCausalLM,
+    count_parameters,
+    head_dim_of,
     lstm_parameter_count,
+    matched_hidden_size,
     matched_llama_config,
     matched_models,
+    parameter_count_of_config,
     smallest_at_least,
     t2mlr_parameter_count,
+    widened_config,
 )
-from t2mlr.baselines.commands import main as params_main
-from t2mlr.baselines.commands import smollm2_135m_config
-from t2mlr.generation.matching import matched_hidden_size
+from t2mlr.experiments.parameter_counts import main as params_main
+from t2mlr.model.shapes import smollm2_135m_t2mlr_config as smollm2_135m_config
 
 
 @pytest.fixture(scope="module")
@@ -150,3 +155,15 @@ def test_params_command_prints_all_three(capsys) -> None:
     printed = capsys.readouterr().out
     for name in ("T²MLR", "Transformer (matched)", "LSTM (matched)"):
         assert name in printed
+
+
+def test_matched_hidden_size_keeps_heads_and_reaches_the_parameter_count() -> None:
+    model = tiny_model(dtype=torch.float32, l_start=2, l_end=3)
+    base_config = model.config.base_config
+    target = count_parameters(model)
+    hidden = matched_hidden_size(base_config, target)
+    widened = widened_config(base_config, hidden)
+    assert widened.num_attention_heads == base_config.num_attention_heads
+    assert head_dim_of(widened) == head_dim_of(base_config) == 8
+    assert parameter_count_of_config(widened) >= target > parameter_count_of_config(widened_config(base_config, hidden - 1))
+    assert count_parameters(model.base) == parameter_count_of_config(base_config)

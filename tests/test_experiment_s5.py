@@ -13,7 +13,7 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from t2mlr.experiments.commands import register
-from t2mlr.experiments.s5_actions import generates_s5, generating_set
+from t2mlr.tasks.s5 import generates_s5, generating_set
 from t2mlr.experiments.s5_data import S5DataSpec, StreamedS5Dataset, encode_row, s5_retrieval_dataset
 from t2mlr.experiments.s5_eval import evaluate_by_n, forward_kwargs, summarize
 from t2mlr.experiments.s5_presets import PRESETS, get_preset

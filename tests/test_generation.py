@@ -24,9 +24,8 @@ from conftest import VOCAB, random_ids, tiny_model
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerFast
 
-from t2mlr.generation import GenerationSettings, generate_kwargs, matched_hidden_size
+from t2mlr.generation import GenerationSettings, generate_kwargs
 from t2mlr.generation.commands import register
-from t2mlr.generation.matching import count_parameters, head_dim_of, parameter_count_of_config, widened_config
 from t2mlr.model import T2MLRCache, T2MLRForCausalLM
 
 TOL = 1e-4
@@ -399,16 +398,3 @@ def test_generate_command_explains_a_missing_tokenizer(tmp_path, capsys) -> None
     assert "has no tokenizer" in capsys.readouterr().err
     assert _run_cli([str(tmp_path / "nowhere"), "--prompt", "x"]) == 2
     assert "does not exist" in capsys.readouterr().err
-
-
-# ----------------------------------------------------------------------------- parameter matching
-def test_matched_hidden_size_keeps_heads_and_reaches_the_parameter_count() -> None:
-    model = tiny_model(dtype=torch.float32, l_start=2, l_end=3)
-    base_config = model.config.base_config
-    target = count_parameters(model)
-    hidden = matched_hidden_size(base_config, target)
-    widened = widened_config(base_config, hidden)
-    assert widened.num_attention_heads == base_config.num_attention_heads
-    assert head_dim_of(widened) == head_dim_of(base_config) == 8
-    assert parameter_count_of_config(widened) >= target > parameter_count_of_config(widened_config(base_config, hidden - 1))
-    assert count_parameters(model.base) == parameter_count_of_config(base_config)

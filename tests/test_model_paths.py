@@ -109,7 +109,7 @@ def test_default_path_follows_train_and_eval_mode() -> None:
         assert model(ids).jacobi_iterations is None
         model.train()
         assert model(ids).jacobi_iterations == 2
-    assert model.resolve_recurrence(None) == "jacobi"
+    assert model.forward_path().recurrence == "jacobi"
 
 
 def test_bfloat16_cast_keeps_gates_in_float32() -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from t2mlr import T2MLRConfig
 from t2mlr.training.config import TrainConfig, load_config
 from t2mlr.training.model_factory import build_model
 from t2mlr.training.plot import plot_run
@@ -34,6 +35,17 @@ def one_thread() -> Iterator[None]:
 
 def tiny(*overrides: str) -> TrainConfig:
     return load_config("debug", TINY + list(overrides))
+
+
+def tiny_plain(*overrides: str) -> TrainConfig:
+    """The tiny config as a plain transformer: the T²MLR settings are not keys of that architecture."""
+    from t2mlr.training.config import apply_overrides, config_from_tree, load_yaml_tree, resolve_config_path
+
+    tree = apply_overrides(load_yaml_tree(resolve_config_path("debug")), TINY + list(overrides))
+    settings = T2MLRConfig.recurrence_fields()
+    tree["model"] = {key: value for key, value in tree["model"].items() if key not in settings}
+    tree["model"]["arch"] = "transformer"
+    return config_from_tree(tree)
 
 
 def train_records(run: Path) -> list[dict]:
@@ -99,7 +111,7 @@ def test_middle_block_activation_checkpointing_changes_nothing_numerically(tmp_p
 
 
 def test_plain_transformer_baseline_trains_and_plots(tmp_path: Path) -> None:
-    result = train(tiny("model.arch=transformer", "train.max_steps=3"), tmp_path / "base")
+    result = train(tiny_plain("train.max_steps=3"), tmp_path / "base")
     records = train_records(tmp_path / "base")
     assert [r["recurrence"] for r in records] == ["none"] * 3
     assert "gamma_cur" not in records[0] and records[0]["jacobi_iterations"] is None

@@ -17,7 +17,7 @@ COMMAND_MODULES = (
     "t2mlr.training.commands",  # train, plot
     "t2mlr.generation.commands",  # generate
     "t2mlr.evaluation.commands",  # eval
-    "t2mlr.baselines.commands",  # params
+    "t2mlr.experiments.parameter_counts",  # params
     "t2mlr.experiments.commands",  # experiment
 )
 

@@ -10,7 +10,7 @@ labels[t+1], -100 ignored).
 
 * Padding (left or right) never reaches the recurrence: the real tokens of each row are run as one
   packed sequence, and pad positions get the logits of a zero hidden state. So a row's logits do not
-  depend on its padding, as for T²MLR (SPEC §4).
+  depend on its padding, as for T²MLR (docs/semantics.md §4).
 * `position_ids` is only checked: an LSTM has no positions, but a row that packs several documents
   (positions restarting at 0 mid-row) would carry state across them, so it is refused.
 * Every other keyword (T²MLR's `recurrence`, `d_forward`, `d_backward`, `jacobi_tol`, `use_cache`, …)
@@ -28,9 +28,10 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutput
 
+from t2mlr.utils import IGNORE_INDEX
+
 __all__ = ["LSTMBackbone", "T2MLRLSTMConfig", "T2MLRLSTMForCausalLM"]
 
-IGNORE_INDEX = -100
 
 
 class T2MLRLSTMConfig(PretrainedConfig):
@@ -47,17 +48,20 @@ class T2MLRLSTMConfig(PretrainedConfig):
         pad_token_id: int | None = 0,
         bos_token_id: int | None = 1,
         eos_token_id: int | None = 2,
+        tie_word_embeddings: bool = False,
         **kwargs: Any,
     ) -> None:
         for name, value in (("vocab_size", vocab_size), ("hidden_size", hidden_size), ("num_layers", num_layers)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if tie_word_embeddings:
+            raise ValueError("the LSTM baseline keeps its embedding and head separate: tie_word_embeddings must be False")
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.num_layers = num_layers
         self.initializer_range = initializer_range
-        kwargs["tie_word_embeddings"] = False  # separate embedding and head, as the paper's baseline
-        super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id, **kwargs)
+        super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
+                         tie_word_embeddings=False, **kwargs)
 
 
 class LSTMBackbone(nn.Module):

@@ -1,4 +1,4 @@
-"""The parameter-matched Transformer baseline: the T²MLR backbone, widened (SPEC §8).
+"""The parameter-matched Transformer baseline: the T²MLR backbone, widened (docs/semantics.md §8).
 
 The paper widens the hidden size until the plain model has at least as many parameters as T²MLR,
 keeping depth, head count and head dimension: SmolLM2-135M (576 = 9 heads × 64) becomes 584 with

@@ -4,7 +4,7 @@ Model args (`--model_args` on the command line, `model_args=` in `simple_evaluat
     pretrained=DIR      directory of a saved T²MLR model and its tokenizer (save_pretrained of both)
     tokenizer=...       tokenizer directory or hub id, when DIR holds none
     recurrence=exact    "exact" (default; the model's definition, middle block token by token) or
-                        "jacobi" (temporal-parallel approximation, SPEC §5.2)
+                        "jacobi" (temporal-parallel approximation, docs/semantics.md §5)
     d_forward=N         Jacobi cache iterations (recurrence=jacobi only; default: the model config's
                         d_forward). Position t is exact once N >= t, so N >= sequence length + 1 makes
                         Jacobi scores equal the exact ones.
@@ -38,7 +38,6 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import lm_eval.models  # noqa: F401  (registers lm-eval's own models: the registry loads them only when empty)
@@ -48,11 +47,12 @@ from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from tqdm import tqdm
-from transformers import AutoTokenizer, PreTrainedTokenizerBase, StoppingCriteria, StoppingCriteriaList
+from transformers import PreTrainedTokenizerBase, StoppingCriteria, StoppingCriteriaList
 
-from t2mlr.generation.loading import load_model, load_tokenizer
+from t2mlr.generation.loading import load_model
 from t2mlr.model import T2MLRForCausalLM
 from t2mlr.model.configuration import check_depths
+from t2mlr.utils import load_tokenizer
 
 __all__ = ["EVAL_PATHS", "T2MLRLM", "check_eval_path"]
 
@@ -162,10 +162,8 @@ class T2MLRLM(TemplateLM):
     def _load_tokenizer(source: Any) -> PreTrainedTokenizerBase:
         if isinstance(source, PreTrainedTokenizerBase):
             tokenizer = source
-        elif isinstance(source, str) and Path(source).is_dir():
+        elif isinstance(source, str):  # a directory, a tokenizer.json or a hub id (tokenizer=HuggingFaceTB/SmolLM2-135M)
             tokenizer = load_tokenizer(source)
-        elif isinstance(source, str):  # a hub id, e.g. tokenizer=HuggingFaceTB/SmolLM2-135M
-            tokenizer = AutoTokenizer.from_pretrained(source)
         else:
             raise ValueError("pass tokenizer=... (a path or a tokenizer) when pretrained is a model object")
         if tokenizer.pad_token_id is None:

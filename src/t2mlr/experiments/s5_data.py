@@ -28,10 +28,9 @@ import torch
 from torch.utils.data import Dataset
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from t2mlr.experiments.s5_actions import generating_set, make_restricted_sample
 from t2mlr.tasks.jsonl import read_jsonl
-from t2mlr.tasks.s5 import Perm
-from t2mlr.tasks.s5_retrieval import generate_s5_retrieval
+from t2mlr.tasks.s5 import Perm, generating_set
+from t2mlr.tasks.s5_retrieval import generate_s5_retrieval, make_sample, validate_alphabet
 from t2mlr.tasks.tokenizers import IGNORE_INDEX, encode_s5_sample
 
 __all__ = [
@@ -87,7 +86,7 @@ class S5DataSpec:
     """How samples are drawn; sample i of a stream is a pure function of (spec, stream, i).
 
     `num_actions=None` draws actions from all of S5 with the tasks package's generator (the paper's
-    task); an int draws them from a seeded generating set of that size (`t2mlr.experiments.s5_actions`).
+    task); an int draws them from a seeded generating set of that size (`t2mlr.tasks.s5.generating_set`).
     """
 
     k: int
@@ -107,7 +106,7 @@ class S5DataSpec:
             )[0]
         rng = random.Random(f"t2mlr/s5-restricted/{stream}/{self.seed}/{index}")
         n = rng.randint(*n_range)
-        return make_restricted_sample(rng, n, self.k, self.dict_size, self.alphabet, self.action_set())
+        return make_sample(rng, n, self.k, self.dict_size, validate_alphabet(self.alphabet), self.action_set())
 
 
 class StreamedS5Dataset(Dataset):

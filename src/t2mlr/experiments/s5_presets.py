@@ -110,7 +110,7 @@ _PAPER = S5Preset(
     checkpoint_every=10_000,
 )
 
-# Chosen by measurement on 2 CPU cores (what was tried: `t2mlr.experiments.s5_actions` and the README):
+# Chosen by measurement on 2 CPU cores (what was tried: `t2mlr.tasks.s5.generating_set` and the README):
 # the paper's task scaled down — K = 1, an 18-key dictionary, N 1–16 for training and 1–18 for
 # evaluation, a 2-block backbone with T²MLR over both blocks trained on the exact path (cheaper than
 # Jacobi at this size, and exactly the model that is evaluated) — with actions from a 2-element

@@ -41,6 +41,7 @@ from t2mlr.tasks.jsonl import read_jsonl, write_jsonl
 from t2mlr.tasks.tokenizers import build_s5_tokenizer
 from t2mlr.training.config import TrainConfig, config_from_tree
 from t2mlr.training.model_factory import build_model, load_initial_weights
+from t2mlr.utils import resolve_device
 
 __all__ = ["ModelResult", "run_experiment"]
 
@@ -161,17 +162,10 @@ def train_config(preset: S5Preset, name: str, model: dict[str, Any], tokenizer_d
 
 def load_trained(cfg: TrainConfig, checkpoint: Path) -> tuple[nn.Module, torch.device]:
     """The model rebuilt from a run's final checkpoint (so evaluation sees exactly what was saved)."""
-    device = _device(cfg.train.device)
+    device = resolve_device(cfg.train.device)
     model = build_model(cfg.model)
     load_initial_weights(model, checkpoint)
     return model.to(device), device
-
-
-def _device(choice: str) -> torch.device:
-    """The trainer's rule for `train.device`: "auto" is CUDA when available."""
-    if choice == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(choice)
 
 
 def _timing(run_dir: Path, spent: float) -> float:
@@ -231,7 +225,7 @@ def per_n_table(results: list[ModelResult]) -> list[str]:
 
 def describe_data(preset: S5Preset) -> str:
     actions = ("all 120 permutations of S5" if preset.num_actions is None else
-               f"a fixed {preset.num_actions}-element generating set of S5 (see `t2mlr.experiments.s5_actions`)")
+               f"a fixed {preset.num_actions}-element generating set of S5 (see `t2mlr.tasks.s5.generating_set`)")
     return (f"K = {preset.k}, dictionary of {preset.dict_size} of the 120 keys (resampled per sequence), "
             f"{len(preset.alphabet)}-symbol value alphabet, actions from {actions}; training N uniform in "
             f"{preset.train_n[0]}–{preset.train_n[1]} ({_freshness(preset)}), evaluation N "
@@ -355,7 +349,7 @@ def run_experiment(
     tokenizer, eval_samples = prepare_data(preset, out / "data")
     sections, matched = model_sections(preset, tokenizer)
     configs = {name: train_config(preset, name, sections[name], out / "data" / "tokenizer", device) for name in models}
-    workers = resolve_workers(workers, len(models), _device(device))
+    workers = resolve_workers(workers, len(models), resolve_device(device))
     tqdm.write(f"[s5] training {', '.join(f'{LABELS[n]} ({preset.steps[n]:,} steps)' for n in models)} → {out}"
                + (f", {workers} at a time in worker processes" if workers > 1 else ""))
     trained = train_runs([RunJob(name, configs[name], out / name) for name in models], resume, workers)

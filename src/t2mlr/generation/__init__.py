@@ -1,8 +1,7 @@
-"""Generation with T²MLR: text generation with a chosen prefill path, the `t2mlr generate` command, and
-the parameter-matched baseline used by the decoding benchmark (`matching`)."""
+"""Generation with T²MLR: text generation with a chosen prefill path (`text`), the `t2mlr generate`
+command (`commands`), and loading saved model directories (`loading`)."""
 
-from .loading import ModelDirectoryError, load_model, load_tokenizer
-from .matching import matched_baseline_config, matched_hidden_size
+from .loading import ModelDirectoryError, load_model
 from .text import GenerationSettings, generate_kwargs, generate_text
 
 __all__ = [
@@ -11,7 +10,4 @@ __all__ = [
     "generate_kwargs",
     "generate_text",
     "load_model",
-    "load_tokenizer",
-    "matched_baseline_config",
-    "matched_hidden_size",
 ]

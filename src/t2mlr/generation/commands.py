@@ -16,8 +16,9 @@ import sys
 
 from transformers import TextStreamer
 
-from t2mlr.generation.loading import DTYPES, ModelDirectoryError, load_model, load_tokenizer
+from t2mlr.generation.loading import ModelDirectoryError, check_model_dir, load_model
 from t2mlr.generation.text import PREFILL_PATHS, GenerationSettings, generate_text
+from t2mlr.utils import DTYPES, load_tokenizer
 
 __all__ = ["add_arguments", "register", "run_generate"]
 
@@ -80,7 +81,7 @@ def run_generate(args: argparse.Namespace) -> int:
     """Load, generate with streaming, end with a newline. Setup problems exit with code 2 and one line."""
     try:
         settings = settings_from_args(args)
-        tokenizer = load_tokenizer(args.model_dir)
+        tokenizer = load_tokenizer(check_model_dir(args.model_dir))
         model = load_model(args.model_dir, device=args.device, dtype=args.dtype)
     except (ModelDirectoryError, ValueError) as err:
         print(f"t2mlr generate: error: {err}", file=sys.stderr)

@@ -1,16 +1,21 @@
-"""The T²MLR model: configuration, fusion Φ, recurrent cache and the forward paths."""
+"""The T²MLR model, in dependency order: the fusion Φ and cache norm (`fusion`), the recurrent cache
+(`cache`), the token layout and masks (`layout`), the input checks (`checks`), the config and the
+forward-path decision (`configuration`), generation plumbing (`generation`) and the model itself
+(`modeling`). `shapes` names the published base-model shapes the paper uses."""
 
 from .cache import T2MLRCache
-from .configuration import T2MLRConfig
+from .configuration import ForwardPath, T2MLRConfig
 from .fusion import CacheNorm, GatedFusion
-from .modeling import T2MLRCausalLMOutput, T2MLRForCausalLM, T2MLRPreTrainedModel
+from .modeling import T2MLRCausalLMOutput, T2MLRForCausalLM, T2MLRPreTrainedModel, is_t2mlr
 
 __all__ = [
     "CacheNorm",
+    "ForwardPath",
     "GatedFusion",
     "T2MLRCache",
     "T2MLRCausalLMOutput",
     "T2MLRConfig",
     "T2MLRForCausalLM",
     "T2MLRPreTrainedModel",
+    "is_t2mlr",
 ]

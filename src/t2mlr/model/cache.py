@@ -1,4 +1,4 @@
-"""`T2MLRCache`: the KV cache of every block plus the recurrent cache R, in one object (SPEC §5.3).
+"""`T2MLRCache`: the KV cache of every block plus the recurrent cache R, in one object (docs/semantics.md §5).
 
 The recurrent state lives here and not on the module, so everything `generate()` does to the KV cache
 (beam reordering, `num_return_sequences` expansion, batch selection, cropping) happens to R as well.

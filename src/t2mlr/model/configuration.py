@@ -1,29 +1,129 @@
-"""`T2MLRConfig`: a base decoder's config plus the recurrence settings (SPEC §1–5).
+"""`T2MLRConfig`: a base decoder's config plus the recurrence settings, and the forward-path decision.
 
 Layer indices are 1-based and inclusive, as in the paper: T²MLR(13, 18) on a 30-block model recurs
-over blocks 13..18. Every check raises a `ValueError` that names the bad value and the allowed range,
-so a typo in a sweep fails at construction instead of training the wrong model.
+over blocks 13..18 (docs/semantics.md §1). The signature of `T2MLRConfig.__init__` is the schema of the
+recurrence settings: `T2MLRConfig.recurrence_fields()` reads it, and the trainer's YAML `model:`
+section, `T2MLRConfig.from_base` and `T2MLRForCausalLM.from_base` are all checked against it, so a
+misspelt setting fails with the nearest valid name instead of silently keeping its default.
+
+`T2MLRConfig.forward_path(...)` is the one place that decides which path a forward call takes: the
+explicit argument if given, else the config's training or evaluation field. Every check of a path
+name, a Jacobi depth or a tolerance is written once, in this module.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
 
 from transformers import AutoConfig, PretrainedConfig
 
-RECURRENCE_PATHS = ("exact", "jacobi", "off")
-RECURRENCE_MASK_POLICIES = ("all", "mask")
+from t2mlr.utils import Field, check_known_names, keyword_parameters, signature_fields, unknown_name_message
+
+RecurrencePath = Literal["exact", "jacobi", "off"]
+RecurrenceMaskPolicy = Literal["all", "mask"]
+RECURRENCE_PATHS: tuple[str, ...] = get_args(RecurrencePath)
+RECURRENCE_MASK_POLICIES: tuple[str, ...] = get_args(RecurrenceMaskPolicy)
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
+# ---------------------------------------------------------------------------------------------- checks
+
+
+def check_int(value: Any, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an int, got {value!r}")
+
+
+def check_depths(d_forward: int, d_backward: int) -> None:
+    """Jacobi depths: at least one cache iterate, and no more gradient iterates than iterates."""
+    check_int(d_forward, "d_forward")
+    check_int(d_backward, "d_backward")
+    if d_forward < 1:
+        raise ValueError(f"d_forward must be >= 1 (number of Jacobi cache iterations), got {d_forward}")
+    if not 1 <= d_backward <= d_forward:
+        raise ValueError(f"d_backward must satisfy 1 <= d_backward <= d_forward={d_forward}, got {d_backward}")
+
+
+def check_recurrence_path(path: Any, name: str = "recurrence") -> None:
+    if path not in RECURRENCE_PATHS:
+        raise ValueError(f"{name} must be one of {RECURRENCE_PATHS}, got {path!r}")
+
+
+def check_jacobi_tol(tol: Any, name: str = "jacobi_tol") -> None:
+    if tol is None:
+        return
+    if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not tol >= 0:
+        raise ValueError(f"{name} must be >= 0 or None, got {tol!r}")
+
+
+# ---------------------------------------------------------------------------------------------- base configs
+
+
+def known_config_keys(config_class: type[PretrainedConfig]) -> list[str]:
+    """Keys a transformers config class declares: its dataclass fields and its __init__ parameters."""
+    names = [f.name for f in dataclasses.fields(config_class)] if dataclasses.is_dataclass(config_class) else []
+    names += [p.name for p in keyword_parameters(config_class.__init__) if p.name not in names]
+    return names
+
+
+def build_base_config(fields: dict[str, Any]) -> PretrainedConfig:
+    """A transformers config from user-written fields (`model_type` plus the class's keys), strictly.
+
+    transformers keeps an unknown key as a plain attribute, so `hidden_sizee: 64` would build a model
+    with the default width. Here such a key is an error naming the nearest valid key. Keys that the
+    class consumes and converts (e.g. `rope_theta` into `rope_parameters`) are accepted.
+    """
+    if not isinstance(fields, dict) or "model_type" not in fields:
+        raise ValueError("a base config needs a 'model_type' key (e.g. llama) and the fields of that config class")
+    given = dict(fields)
+    model_type = given.pop("model_type")
+    try:
+        config = AutoConfig.for_model(model_type, **given)
+    except KeyError as err:
+        raise ValueError(f"unknown base model_type {model_type!r}") from err
+    known = known_config_keys(type(config))
+    stored = vars(config)
+    for key in given:
+        if key not in known and key in stored:
+            raise ValueError(unknown_name_message(f"{type(config).__name__} key", key, known))
+    return config
+
+
 def _as_base_config(base_config: PretrainedConfig | dict[str, Any] | None) -> PretrainedConfig | None:
-    """Turn a serialised base config (a dict with `model_type`) back into its transformers class."""
+    """A serialised base config (a saved config.json's dict with `model_type`) back as its class.
+
+    Lenient on purpose: saved files carry keys of other transformers versions; user-written fields go
+    through `build_base_config` instead.
+    """
     if base_config is None or isinstance(base_config, PretrainedConfig):
         return base_config
     if not isinstance(base_config, dict) or "model_type" not in base_config:
         raise ValueError("base_config must be a transformers PretrainedConfig or a dict with a 'model_type' key")
     fields = dict(base_config)
     return AutoConfig.for_model(fields.pop("model_type"), **fields)
+
+
+# ---------------------------------------------------------------------------------------------- forward path
+
+
+@dataclass(frozen=True)
+class ForwardPath:
+    """What one forward call runs: the path and, for Jacobi, its depths and early-stop tolerance."""
+
+    recurrence: RecurrencePath
+    d_forward: int
+    d_backward: int
+    jacobi_tol: float | None = None
+
+    def describe(self) -> str:
+        if self.recurrence != "jacobi":
+            return self.recurrence
+        return f"jacobi (d_forward={self.d_forward}, d_backward={self.d_backward}, jacobi_tol={self.jacobi_tol})"
+
+
+# ---------------------------------------------------------------------------------------------- the config
 
 
 class T2MLRConfig(PretrainedConfig):
@@ -37,6 +137,7 @@ class T2MLRConfig(PretrainedConfig):
             f_cur, f_rec and W_rec. The scalar gates γ always start at 0, so Φ(h, r) = h at init.
         d_forward: Jacobi cache iterations (the middle block runs d_forward + 1 times).
         d_backward: how many of the most recent cache iterates carry gradients (truncated BPTT).
+        jacobi_tol: stop the detached Jacobi iterations early once max |ΔR| <= jacobi_tol (None: never).
         train_recurrence / eval_recurrence: forward path used when `recurrence=None` in training
             and evaluation mode: "exact", "jacobi" or "off" (plain base model). Never switched silently.
         recurrence_mask_policy: "all" (every real token fuses R) or "mask" (the caller passes a
@@ -54,9 +155,10 @@ class T2MLRConfig(PretrainedConfig):
         gate_init_scale: float = 1.0,
         d_forward: int = 16,
         d_backward: int = 4,
-        train_recurrence: str = "jacobi",
-        eval_recurrence: str = "exact",
-        recurrence_mask_policy: str = "all",
+        jacobi_tol: float | None = None,
+        train_recurrence: RecurrencePath = "jacobi",
+        eval_recurrence: RecurrencePath = "exact",
+        recurrence_mask_policy: RecurrenceMaskPolicy = "all",
         **kwargs: Any,
     ) -> None:
         self.base_config = _as_base_config(base_config)
@@ -66,6 +168,7 @@ class T2MLRConfig(PretrainedConfig):
         self.gate_init_scale = gate_init_scale
         self.d_forward = d_forward
         self.d_backward = d_backward
+        self.jacobi_tol = jacobi_tol
         self.train_recurrence = train_recurrence
         self.eval_recurrence = eval_recurrence
         self.recurrence_mask_policy = recurrence_mask_policy
@@ -77,25 +180,41 @@ class T2MLRConfig(PretrainedConfig):
             self.validate_recurrence()
 
     @classmethod
+    def recurrence_fields(cls) -> dict[str, Field]:
+        """The recurrence settings (every `__init__` parameter but `base_config`), typed, with defaults."""
+        return signature_fields(cls.__init__, exclude=("base_config",))
+
+    @classmethod
     def from_base(
         cls, base_config: PretrainedConfig | dict[str, Any] | str, l_start: int, l_end: int, **kwargs: Any
     ) -> "T2MLRConfig":
-        """Build a T²MLR config around a base config (object, dict or hub id / local path)."""
+        """Build a T²MLR config around a base config: an object, a dict of its fields with `model_type`
+        (checked key by key) or a hub id / local path. `kwargs` are recurrence fields only."""
+        check_known_names(kwargs, cls.recurrence_fields(), "T2MLRConfig field")
         if isinstance(base_config, str):
             base_config = AutoConfig.from_pretrained(base_config)
+        elif isinstance(base_config, dict):
+            base_config = build_base_config(base_config)
         return cls(base_config=base_config, l_start=l_start, l_end=l_end, **kwargs)
 
     @property
     def num_layers(self) -> int:
-        return int(self.base_config.num_hidden_layers)
+        return int(self.require_base_config().num_hidden_layers)
 
     @property
     def hidden_size(self) -> int:
-        return int(self.base_config.hidden_size)
+        return int(self.require_base_config().hidden_size)
 
     @property
     def vocab_size(self) -> int:
-        return int(self.base_config.vocab_size)
+        return int(self.require_base_config().vocab_size)
+
+    def require_base_config(self) -> PretrainedConfig:
+        if self.base_config is None:
+            raise ValueError(
+                "this T2MLRConfig has no base_config; build it with T2MLRConfig.from_base(base_config, l_start, l_end)"
+            )
+        return self.base_config
 
     def get_text_config(self, *args: Any, **kwargs: Any) -> PretrainedConfig:
         """Caches and generation read layer layout and vocabulary from the wrapped decoder's config."""
@@ -103,22 +222,22 @@ class T2MLRConfig(PretrainedConfig):
 
     def validate_recurrence(self) -> None:
         """Check every recurrence field; the message says what is wrong and what is allowed."""
-        model_type = getattr(self.base_config, "model_type", None)
+        base = self.require_base_config()
+        model_type = getattr(base, "model_type", None)
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(
                 f"T²MLR cannot wrap base model type {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
             )
         n = self.num_layers
-        for name in ("l_start", "l_end", "d_forward", "d_backward"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ValueError(f"{name} must be an int, got {value!r}")
+        check_int(self.l_start, "l_start")
+        check_int(self.l_end, "l_end")
         if not 1 <= self.l_start <= self.l_end <= n:
             raise ValueError(
                 f"need 1 <= l_start <= l_end <= {n} (1-based, inclusive block indices of a {n}-block model); "
                 f"got l_start={self.l_start}, l_end={self.l_end}"
             )
         check_depths(self.d_forward, self.d_backward)
+        check_jacobi_tol(self.jacobi_tol)
         for name in ("train_recurrence", "eval_recurrence"):
             check_recurrence_path(getattr(self, name), name)
         if self.recurrence_mask_policy not in RECURRENCE_MASK_POLICIES:
@@ -127,18 +246,30 @@ class T2MLRConfig(PretrainedConfig):
             )
         if not isinstance(self.cache_residual, bool):
             raise ValueError(f"cache_residual must be a bool, got {self.cache_residual!r}")
-        if not self.gate_init_scale >= 0:
-            raise ValueError(f"gate_init_scale must be >= 0, got {self.gate_init_scale!r}")
+        if isinstance(self.gate_init_scale, bool) or not isinstance(self.gate_init_scale, (int, float)) \
+                or not self.gate_init_scale >= 0:
+            raise ValueError(f"gate_init_scale must be a number >= 0, got {self.gate_init_scale!r}")
 
-
-def check_depths(d_forward: int, d_backward: int) -> None:
-    """Jacobi depths: at least one cache iterate, and no more gradient iterates than iterates."""
-    if d_forward < 1:
-        raise ValueError(f"d_forward must be >= 1 (number of Jacobi cache iterations), got {d_forward}")
-    if not 1 <= d_backward <= d_forward:
-        raise ValueError(f"d_backward must satisfy 1 <= d_backward <= d_forward={d_forward}, got {d_backward}")
-
-
-def check_recurrence_path(path: str, name: str = "recurrence") -> None:
-    if path not in RECURRENCE_PATHS:
-        raise ValueError(f"{name} must be one of {RECURRENCE_PATHS}, got {path!r}")
+    def forward_path(
+        self,
+        training: bool,
+        recurrence: str | None = None,
+        d_forward: int | None = None,
+        d_backward: int | None = None,
+        jacobi_tol: float | None = None,
+    ) -> ForwardPath:
+        """The path of one forward call: each argument given explicitly wins, else the config's field
+        (`train_recurrence` in training mode, `eval_recurrence` in evaluation mode)."""
+        if recurrence is None:
+            recurrence = self.train_recurrence if training else self.eval_recurrence
+        check_recurrence_path(recurrence)
+        path = ForwardPath(
+            recurrence=recurrence,
+            d_forward=self.d_forward if d_forward is None else d_forward,
+            d_backward=self.d_backward if d_backward is None else d_backward,
+            jacobi_tol=self.jacobi_tol if jacobi_tol is None else jacobi_tol,
+        )
+        if recurrence == "jacobi":
+            check_depths(path.d_forward, path.d_backward)
+            check_jacobi_tol(path.jacobi_tol)
+        return path

@@ -1,11 +1,11 @@
-"""The representation fusion Φ and the recurrent-cache update (SPEC §2–3, paper eq. "gating").
+"""The representation fusion Φ and the recurrent-cache update (docs/semantics.md §2–3, paper eq. "gating").
 
     Φ(h, r) = h + tanh(γ_cur)·σ(f_cur([h; r]))⊙h + tanh(γ_rec)·σ(f_rec([h; r]))⊙(W_rec r)
     R_t     = RMSNorm(h_t + R_{t-1})        (temporal cache residual; R_t = h_t without it)
 
 γ_cur and γ_rec start at 0, so a fresh model computes exactly what its base model computes; they stay
 in float32 whatever dtype the rest of the model is cast to, because a bf16 γ near 0 has too little
-resolution for the small updates that open the gates.
+resolution for the small updates that open the gates (a float64 model keeps float64 γ's).
 """
 
 from __future__ import annotations
@@ -14,6 +14,9 @@ from typing import Callable
 
 import torch
 from torch import nn
+
+
+LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
 class GatedFusion(nn.Module):
@@ -39,11 +42,12 @@ class GatedFusion(nn.Module):
         nn.init.zeros_(self.gamma_rec)
 
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> "GatedFusion":
-        """Keep γ in float32 when the module is cast (`.to(bfloat16)`, `.half()`)."""
+        """Keep γ at least float32 when the module is cast down (`.to(bfloat16)`, `.half()`); a cast to
+        float64 (`.double()`) widens it with everything else, so a float64 model is float64 end to end."""
         super()._apply(fn, recurse)
         for name in self.gate_names:
             gate = getattr(self, name)
-            if gate.dtype != torch.float32:
+            if gate.dtype in LOW_PRECISION:
                 gate.data = gate.data.float()
         return self
 

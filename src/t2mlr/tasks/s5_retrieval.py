@@ -1,4 +1,4 @@
-"""S5-Retrieval: state tracking over S5 composed with in-context dictionary retrieval (SPEC §7).
+"""S5-Retrieval: state tracking over S5 composed with in-context dictionary retrieval (docs/semantics.md §7).
 
 Every sequence has its own random dictionary ``D: S5 → Σ^K``. The input is the serialised
 dictionary, the delimiter, then the actions ``a_1..a_N`` each followed by K blanks; the target
@@ -47,6 +47,7 @@ __all__ = [
     "generate_s5_eval",
     "generate_s5_retrieval",
     "iter_s5_retrieval",
+    "make_sample",
     "read_jsonl",
     "s5_targets_from_input",
     "write_jsonl",
@@ -89,6 +90,8 @@ def _validate_config(n_range: tuple[int, int], k: int, dict_size: int) -> None:
 def _choose_keys(rng: random.Random, states: Sequence[Perm], dict_size: int) -> list[Perm]:
     """Every visited state plus random other keys up to ``dict_size``, in shuffled order."""
     needed = list(dict.fromkeys(states))
+    if len(needed) > dict_size:
+        raise ValueError(f"dict_size={dict_size} is smaller than the {len(needed)} states this sample visits")
     needed_set = set(needed)
     others = [p for p in ELEMENTS if p not in needed_set]
     keys = needed + rng.sample(others, dict_size - len(needed))
@@ -96,10 +99,16 @@ def _choose_keys(rng: random.Random, states: Sequence[Perm], dict_size: int) -> 
     return keys
 
 
-def _make_sample(rng: random.Random, n: int, k: int, dict_size: int, alphabet: str) -> dict[str, Any]:
-    """One sample with N = n actions; all randomness comes from ``rng``."""
-    actions = [rng.choice(ELEMENTS) for _ in range(n)]
-    states = running_products(actions)
+def make_sample(
+    rng: random.Random, n: int, k: int, dict_size: int, alphabet: str, actions: Sequence[Perm] = ELEMENTS
+) -> dict[str, Any]:
+    """One sample with N = n actions drawn uniformly from ``actions`` (all of S5 by default, the paper's
+    task; a generating set such as ``t2mlr.tasks.s5.generating_set`` for the CPU preset). All randomness
+    comes from ``rng``."""
+    if n < 1 or k < 1 or not actions:
+        raise ValueError(f"need n >= 1, k >= 1 and a non-empty action set, got n={n}, k={k}")
+    chosen = [rng.choice(actions) for _ in range(n)]
+    states = running_products(chosen)
     keys = _choose_keys(rng, states, dict_size)
     values = {key: [rng.choice(alphabet) for _ in range(k)] for key in keys}
 
@@ -109,7 +118,7 @@ def _make_sample(rng: random.Random, n: int, k: int, dict_size: int, alphabet: s
         dict_part.extend(values[key])
     input_tokens = dict_part + [DELIMITER]
     target_tokens = dict_part + [DELIMITER]
-    for action, state in zip(actions, states):
+    for action, state in zip(chosen, states):
         input_tokens.append(perm_to_token(action))
         input_tokens.extend([BLANK] * k)
         target_tokens.append(perm_to_token(state))
@@ -157,7 +166,7 @@ def _sample_stream(
     """The lazy part of ``iter_s5_retrieval`` (kept separate so bad settings fail on the call)."""
     for _ in range(num_samples):
         n = rng.randint(n_range[0], n_range[1])
-        yield _make_sample(rng, n, k, dict_size, alphabet)
+        yield make_sample(rng, n, k, dict_size, alphabet)
 
 
 def generate_s5_retrieval(

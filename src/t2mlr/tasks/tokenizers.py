@@ -37,6 +37,7 @@ from transformers import PreTrainedTokenizerFast
 
 from t2mlr.tasks.s5 import ALL_TOKENS
 from t2mlr.tasks.s5_retrieval import BLANK, DEFAULT_ALPHABET, DELIMITER, validate_alphabet
+from t2mlr.utils import IGNORE_INDEX
 
 __all__ = [
     "BOS",
@@ -54,7 +55,6 @@ __all__ = [
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS: tuple[str, ...] = (PAD, BOS, EOS, UNK)
-IGNORE_INDEX = -100
 # Angle-bracket symbols, ASCII words, single whitespace characters, single punctuation marks.
 # Written with explicit ASCII classes so Python's ``re`` and Oniguruma agree on it.
 WORD_PATTERN = r"<[^<>\s]+>|[A-Za-z0-9_]+|\s|[^A-Za-z0-9_\s]"

@@ -104,7 +104,8 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_tokenize(args: argparse.Namespace) -> int:
-    from t2mlr.training.data import load_tokenizer, read_jsonl_documents, write_token_file
+    from t2mlr.training.data import read_jsonl_documents, write_token_file
+    from t2mlr.utils import load_tokenizer
 
     tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
     eos = args.eos_token_id if args.eos_token_id is not None else getattr(tokenizer, "eos_token_id", None)

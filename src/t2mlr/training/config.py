@@ -11,7 +11,6 @@ loaded first and this file's keys are merged into it, so the four paper placemen
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import types
 import typing
 from dataclasses import dataclass, field
@@ -20,7 +19,9 @@ from typing import Any, Literal, Union
 
 import yaml
 
-RecurrencePath = Literal["exact", "jacobi", "off"]
+from t2mlr.model.configuration import RecurrencePath, build_base_config
+from t2mlr.utils import nearest_name
+
 PRESET_DIRS = (
     Path(__file__).resolve().parents[1] / "configs",  # shipped in the package; <repo>/configs links here
 )
@@ -30,27 +31,71 @@ class ConfigError(ValueError):
     """A configuration file or override names an unknown key or holds a value of the wrong type."""
 
 
+class UnsupportedType(ConfigError):
+    """A declared type the coercion does not know."""
+
+
 @dataclass
 class ModelConfig:
-    """What to train: a T²MLR wrapper (or the plain base model as a baseline) around a HF decoder.
+    """What to train: `arch` (see `t2mlr.training.architectures`) around a Hugging Face decoder.
 
-    Exactly one of `base` (a transformers config dict with `model_type`, trained from scratch) or
-    `pretrained` (hub id or local path, retrofitted: its weights are loaded into the wrapped model).
+    Exactly one of `base` (a transformers config dict with `model_type`, trained from scratch; its keys
+    are checked by that config class) or `pretrained` (hub id or local path, retrofitted: its weights
+    are loaded into the wrapped model). Every other key of the YAML `model:` section is a setting of
+    the architecture, declared by its config class (for `t2mlr`: the `T2MLRConfig` fields l_start,
+    l_end, d_forward, d_backward, jacobi_tol, train_recurrence, eval_recurrence, cache_residual,
+    gate_init_scale, recurrence_mask_policy); `settings` holds all of them, defaults filled in.
     """
 
-    arch: Literal["t2mlr", "transformer"] = "t2mlr"
+    arch: str = "t2mlr"
     base: dict[str, Any] | None = None
     pretrained: str | None = None
-    l_start: int = 1
-    l_end: int = 1
-    d_forward: int = 16
-    d_backward: int = 4
-    train_recurrence: RecurrencePath = "jacobi"
-    eval_recurrence: RecurrencePath = "exact"
-    jacobi_tol: float | None = None
-    activation_checkpointing: bool = False
     init_from: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    activation_checkpointing: bool = False
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_tree(cls, data: dict[str, Any], where: str) -> "ModelConfig":
+        """Split a flat `model:` mapping into the trainer's keys and the architecture's settings, each
+        checked and coerced by its declaring class."""
+        from t2mlr.training.architectures import ARCHITECTURES
+
+        arch_name = data.get("arch", cls.arch)
+        if arch_name not in ARCHITECTURES:
+            raise ConfigError(f"{where}arch: must be one of {list(ARCHITECTURES)}, got {arch_name!r}")
+        fields = ARCHITECTURES[arch_name].settings()
+        own = [f.name for f in dataclasses.fields(cls) if f.name != "settings"]
+        valid = own + list(fields)
+        for key in data:
+            if key not in valid:
+                raise ConfigError(_unknown_key_message(f"{where}{key}", key, valid))
+        hints = typing.get_type_hints(cls)
+        kwargs = {key: _coerce(value, hints[key], f"{where}{key}") for key, value in data.items() if key in own}
+        settings = {
+            name: _coerce(data[name], spec.type, f"{where}{name}") if name in data else spec.default
+            for name, spec in fields.items()
+        }
+        return cls(**kwargs, settings=settings)
+
+    def to_tree(self) -> dict[str, Any]:
+        """The flat form written to YAML (the inverse of `from_tree`)."""
+        tree = {f.name: to_plain(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "settings"}
+        tree.update(to_plain(self.settings))
+        return tree
+
+    def __getattr__(self, name: str) -> Any:
+        """Settings read like fields (`cfg.model.l_start`); only called when no real attribute matches."""
+        settings = self.__dict__.get("settings", {})
+        if name in settings:
+            return settings[name]
+        raise AttributeError(f"{type(self).__name__} has no field or {self.arch!r} setting {name!r}")
+
+    def setting(self, name: str) -> Any:
+        """An architecture setting by name (its default when the architecture does not declare it)."""
+        from t2mlr.training.architectures import get_architecture
+
+        spec = get_architecture(self.arch).settings().get(name)
+        return self.settings.get(name, None if spec is None else spec.default)
 
 
 @dataclass
@@ -177,6 +222,8 @@ class TrainConfig:
 
 def to_plain(obj: Any) -> Any:
     """Dataclasses → dicts, tuples → lists: the form written to YAML and compared on resume."""
+    if hasattr(obj, "to_tree") and not isinstance(obj, type):
+        return obj.to_tree()
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, (list, tuple)):
@@ -190,6 +237,8 @@ def from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
     """Build dataclass `cls` from `data`, rejecting unknown keys and coercing values to field types."""
     if not isinstance(data, dict):
         raise ConfigError(f"{where or 'config'}: expected a mapping, got {type(data).__name__}")
+    if hasattr(cls, "from_tree"):
+        return cls.from_tree(data, where)
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     for key in data:
@@ -200,8 +249,8 @@ def from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
 
 
 def _unknown_key_message(dotted: str, key: str, names: list[str]) -> str:
-    close = difflib.get_close_matches(key, names, n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
+    guess = nearest_name(key, names)
+    hint = f" Did you mean {guess!r}?" if guess else ""
     return f"unknown config key {dotted!r}.{hint} Valid keys here: {', '.join(names)}"
 
 
@@ -226,6 +275,15 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             raise ConfigError(f"{where}: expected a mapping, got {value!r}")
         return dict(value)
     return _coerce_scalar(value, tp, where)
+
+
+def coerce_declared(value: Any, tp: Any, where: str) -> Any:
+    """Coerce a value to a declared type this schema knows (see `_coerce`); values of other declared
+    types (paths, tuples of classes, ...) are passed on as YAML read them."""
+    try:
+        return _coerce(value, tp, where)
+    except UnsupportedType:
+        return value
 
 
 def _coerce_union(value: Any, args: tuple[Any, ...], where: str) -> Any:
@@ -271,7 +329,7 @@ def _coerce_scalar(value: Any, tp: Any, where: str) -> Any:
         return str(value)
     if tp is Any:
         return value
-    raise ConfigError(f"{where}: unsupported field type {tp!r}")
+    raise UnsupportedType(f"{where}: unsupported field type {tp!r}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -365,31 +423,14 @@ def save_config(cfg: TrainConfig, path: Path) -> None:
 
 def validate(cfg: TrainConfig) -> None:
     """Cross-field checks that types alone cannot express."""
-    m = cfg.model
-    if (m.base is None) == (m.pretrained is None):
-        raise ConfigError("model: set exactly one of model.base (config dict, from scratch) or model.pretrained")
-    if m.base is not None and "model_type" not in m.base:
-        raise ConfigError("model.base must contain 'model_type' (e.g. llama)")
-    if m.activation_checkpointing and m.train_recurrence == "exact":
-        raise ConfigError(
-            "model.activation_checkpointing is only supported with train_recurrence=jacobi: the exact path "
-            "carries a KV cache through the middle block, which recomputation would append to twice"
-        )
-    n_layers = (m.base or {}).get("num_hidden_layers")
-    if m.arch == "t2mlr" and isinstance(n_layers, int) and not 1 <= m.l_start <= m.l_end <= n_layers:
-        raise ConfigError(
-            f"model: need 1 <= l_start <= l_end <= {n_layers} (1-based, inclusive blocks of a {n_layers}-block "
-            f"model); got l_start={m.l_start}, l_end={m.l_end}"
-        )
-    if not 1 <= m.d_backward <= m.d_forward:
-        raise ConfigError(f"model: need 1 <= d_backward <= d_forward, got {m.d_backward} and {m.d_forward}")
-    if m.jacobi_tol is not None and m.jacobi_tol < 0:
-        raise ConfigError(f"model.jacobi_tol must be >= 0 or null, got {m.jacobi_tol}")
+    _validate_model(cfg.model)
     _validate_data(cfg.data, "data")
     if cfg.eval.data is not None:
         _validate_data(cfg.eval.data, "eval.data")
     if cfg.eval.every > 0 and cfg.eval.data is None:
         raise ConfigError("eval.every > 0 needs an eval.data section (evaluating on training data would mislead)")
+    if cfg.eval.recurrence is not None and cfg.model.arch != "t2mlr":
+        raise ConfigError(f"eval.recurrence applies to T²MLR models only; model.arch is {cfg.model.arch!r}")
     t = cfg.train
     for name in ("max_steps", "global_batch_size", "micro_batch_size"):
         if getattr(t, name) < 1:
@@ -407,7 +448,33 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError("optim: lr and fusion_lr_mult must be > 0")
 
 
+def _validate_model(m: ModelConfig) -> None:
+    """The base config by its own class, the architecture's settings against it (by the architecture's
+    config class), and the trainer's own model keys."""
+    from t2mlr.training.architectures import get_architecture
+
+    if (m.base is None) == (m.pretrained is None):
+        raise ConfigError("model: set exactly one of model.base (config dict, from scratch) or model.pretrained")
+    if m.base is not None:
+        try:
+            base_config = build_base_config(m.base)
+        except ValueError as err:
+            raise ConfigError(f"model.base: {err}") from err
+        try:
+            get_architecture(m.arch).check(base_config, m.settings)
+        except ValueError as err:
+            raise ConfigError(f"model: {err}") from err
+    if m.activation_checkpointing and (m.arch != "t2mlr" or m.setting("train_recurrence") == "exact"):
+        raise ConfigError(
+            "model.activation_checkpointing checkpoints the T²MLR middle block and needs arch t2mlr with "
+            "train_recurrence=jacobi: the exact path carries a KV cache through the middle block, which "
+            "recomputation would append to twice"
+        )
+
+
 def _validate_data(d: DataConfig, where: str) -> None:
+    from t2mlr.training.data import dataset_kwargs
+
     if d.seq_len < 2:
         raise ConfigError(f"{where}.seq_len must be >= 2, got {d.seq_len}")
     if d.source in ("jsonl", "tokens") and not d.path:
@@ -416,3 +483,10 @@ def _validate_data(d: DataConfig, where: str) -> None:
         raise ConfigError(f"{where}.source=tokens needs {where}.eos_token_id (the document separator)")
     if d.source == "factory" and (not d.factory or ":" not in d.factory):
         raise ConfigError(f"{where}.source=factory needs {where}.factory = 'package.module:function'")
+    if d.source in ("synthetic", "factory"):
+        try:
+            dataset_kwargs(d)
+        except ValueError as err:
+            raise ConfigError(f"{where}.kwargs: {err}") from err
+    elif d.kwargs:
+        raise ConfigError(f"{where}.kwargs applies to source synthetic or factory only, not {d.source!r}")

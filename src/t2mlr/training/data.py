@@ -26,7 +26,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +35,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from t2mlr.training.config import DataConfig
+from t2mlr.utils import IGNORE_INDEX, check_known_names, load_tokenizer, signature_fields
 
-IGNORE_INDEX = -100
 
 
 # ---------------------------------------------------------------------------------------------
@@ -173,15 +173,6 @@ def pack_documents(documents: Iterable[Sequence[int]], seq_len: int) -> PackedTo
     return PackedTokenDataset(tokens.astype(dtype), np.concatenate(start_parts), seq_len)
 
 
-def load_tokenizer(path: str) -> Any:
-    """A Hugging Face tokenizer from a hub id / directory, or a bare `tokenizer.json` file."""
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
-    if path.endswith(".json") and Path(path).is_file():
-        return PreTrainedTokenizerFast(tokenizer_file=path)
-    return AutoTokenizer.from_pretrained(path)
-
-
 def read_jsonl_documents(
     path: str | Path, tokenizer: Any | None, text_field: str = "text", ids_field: str = "input_ids",
     append_eos: bool = True, eos_token_id: int | None = None,
@@ -283,30 +274,48 @@ def build_dataset(cfg: DataConfig) -> Dataset:
         if cfg.eos_token_id is None:
             raise ValueError("data.source=tokens needs data.eos_token_id (the document separator)")
         return TokenFileDataset(cfg.path, cfg.seq_len, cfg.eos_token_id)
-    if cfg.source == "synthetic":
-        kwargs = {"num_samples": 4096, "vocab_size": 64, **cfg.kwargs}
-        return SyntheticChainDataset(seq_len=cfg.seq_len, seed=cfg.seed, **kwargs)
-    if cfg.source == "factory":
-        return _call_factory(cfg)
+    if cfg.source in ("synthetic", "factory"):
+        dataset = dataset_callable(cfg)(**dataset_kwargs(cfg))
+        if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
+            raise TypeError(f"data.factory {cfg.factory!r} must return a map-style Dataset, got {type(dataset)}")
+        return dataset
     raise ValueError(f"unknown data source {cfg.source!r}")
 
 
-def _call_factory(cfg: DataConfig) -> Dataset:
-    """Import `module:function` and call it with the config's kwargs (plus seq_len and seed if accepted)."""
-    module_name, _, attr = cfg.factory.partition(":")
+SYNTHETIC_DEFAULTS = {"num_samples": 4096, "vocab_size": 64}
+
+
+def dataset_callable(cfg: DataConfig) -> Callable[..., Dataset]:
+    """What `data.kwargs` are passed to: `SyntheticChainDataset`, or the imported `data.factory`."""
+    if cfg.source == "synthetic":
+        return SyntheticChainDataset
+    module_name, _, attr = (cfg.factory or "").partition(":")
     try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as err:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError, ValueError) as err:
         raise ValueError(f"data.factory {cfg.factory!r} cannot be imported: {err}") from err
-    kwargs = dict(cfg.kwargs)
-    accepted = inspect.signature(factory).parameters
-    for name, value in (("seq_len", cfg.seq_len), ("seed", cfg.seed)):
-        if name in accepted and name not in kwargs:
-            kwargs[name] = value
-    dataset = factory(**kwargs)
-    if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
-        raise TypeError(f"data.factory {cfg.factory!r} must return a map-style Dataset, got {type(dataset)}")
-    return dataset
+
+
+def dataset_kwargs(cfg: DataConfig) -> dict[str, Any]:
+    """`data.kwargs` checked name by name against the callable's own parameters (the nearest valid name in
+    the error) and coerced to their declared types, plus seq_len and seed from the data config."""
+    from t2mlr.training.config import coerce_declared
+
+    target = dataset_callable(cfg)
+    fields = signature_fields(target.__init__ if isinstance(target, type) else target)
+    name = "SyntheticChainDataset" if cfg.source == "synthetic" else cfg.factory
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in inspect.signature(target).parameters.values())
+    if not takes_any:
+        check_known_names(cfg.kwargs, fields, f"keyword of {name} in data.kwargs")
+    kwargs = {key: coerce_declared(value, fields[key].type, f"data.kwargs.{key}") if key in fields else value
+              for key, value in cfg.kwargs.items()}
+    if cfg.source == "synthetic":
+        kwargs = {**SYNTHETIC_DEFAULTS, **kwargs}
+    accepted = inspect.signature(target).parameters
+    for key, value in (("seq_len", cfg.seq_len), ("seed", cfg.seed)):  # unless data.kwargs sets them
+        if key in accepted and key not in kwargs:
+            kwargs[key] = value
+    return kwargs
 
 
 def labels_aligned(dataset: Dataset, cfg: DataConfig) -> bool:

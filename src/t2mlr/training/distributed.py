@@ -22,6 +22,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from t2mlr.utils import resolve_device
+
 
 @dataclass
 class DistEnv:
@@ -46,12 +48,9 @@ def launched_by_torchrun() -> bool:
 
 
 def pick_device(preference: str, local_rank: int = 0) -> torch.device:
-    """"auto" → this rank's CUDA device when CUDA is available, else CPU."""
-    if preference == "cpu" or (preference == "auto" and not torch.cuda.is_available()):
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise RuntimeError("train.device=cuda but CUDA is not available")
-    return torch.device("cuda", local_rank)
+    """`t2mlr.utils.resolve_device`, with this rank's CUDA device when that is CUDA."""
+    device = resolve_device(preference)
+    return torch.device("cuda", local_rank) if device.type == "cuda" else device
 
 
 def init_distributed(parallel: str, device_preference: str = "auto", timeout_s: int = 1800) -> DistEnv:

@@ -35,8 +35,9 @@ from t2mlr.training.data import (
 )
 from t2mlr.training.distributed import DistEnv
 from t2mlr.training.metrics import MetricsWriter, setup_logging
+from t2mlr.model import is_t2mlr
 from t2mlr.training.model_factory import (
-    ForwardPath, build_model, decoder_layers, eval_path, gate_values, middle_indices, train_path,
+    RECURRENCE_ONLY_INPUTS, build_model, decoder_layers, describe_path, gate_values, middle_indices,
 )
 from t2mlr.training.optim import build_optimizer, build_scheduler, lr_multiplier
 
@@ -76,16 +77,6 @@ def seed_all(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-RECURRENCE_ONLY_KEYS = ("recurrence_mask", "document_ids")
-
-
-def _model_inputs(batch: dict[str, torch.Tensor], path: ForwardPath, device: torch.device) -> dict[str, Any]:
-    """Batch tensors on the device plus the path's keyword arguments; a plain transformer does not get
-    the recurrence-only inputs a T²MLR dataset may carry."""
-    keep = {k: v for k, v in batch.items() if path.recurrence != "none" or k not in RECURRENCE_ONLY_KEYS}
-    return {**{k: v.to(device, non_blocking=True) for k, v in keep.items()}, **path.kwargs()}
-
-
 def _mean_iterations(values: list[int | None]) -> float | None:
     known = [v for v in values if v is not None]
     return sum(known) / len(known) if known else None
@@ -104,8 +95,6 @@ class Trainer:
         dist_utils.barrier(self.env)
         setup_logging(self.out_dir, self.env.is_main)
         _check_batch_split(cfg, self.env)
-        self.train_path: ForwardPath = train_path(cfg.model)
-        self.eval_path: ForwardPath = eval_path(cfg.model, cfg.eval.recurrence)
         self._build_model()
         self._build_data()
         self.checkpoints = CheckpointManager(self.out_dir / CHECKPOINT_DIR, self.env, cfg.checkpoint.keep_last)
@@ -122,7 +111,11 @@ class Trainer:
         seed_all(cfg.train.seed)  # identical initial weights on every rank
         model = build_model(cfg.model).to(env.device)
         layers = decoder_layers(model)
-        unused = cfg.model.arch == "t2mlr" and cfg.model.train_recurrence == "off"
+        self.recurrent = is_t2mlr(model)
+        # the path the model takes in training mode; the trainer never passes one (only eval overrides)
+        self.train_recurrence = model.config.forward_path(True).recurrence if self.recurrent else "none"
+        self.eval_overrides = {} if cfg.eval.recurrence is None else {"recurrence": cfg.eval.recurrence}
+        unused = self.train_recurrence == "off"
         self.wrapped = dist_utils.wrap_model(model, env, cfg.train.parallel, layers, middle_indices(model), unused)
         self.model = dist_utils.unwrap(self.wrapped)
         self.optimizer = build_optimizer(self.model, cfg.optim)
@@ -201,8 +194,10 @@ class Trainer:
         n_params = sum(p.numel() for p in self.model.parameters())
         accum = t.global_batch_size // (t.micro_batch_size * env.world_size)
         log.info("model: %s, %.2fM parameters", type(self.model).__name__, n_params / 1e6)
-        log.info("train forward path: %s", self.train_path.describe())
-        log.info("eval forward path: %s", self.eval_path.describe())
+        log.info("train forward path: %s (the model's choice)", describe_path(self.model, True))
+        log.info("eval forward path: %s (the model's choice%s)",
+                 describe_path(self.model, False, self.eval_overrides.get("recurrence")),
+                 ", with eval.recurrence" if self.eval_overrides else "")
         log.info(
             "device %s, precision %s, parallel %s × %d rank(s); global batch %d = micro %d × accum %d × %d",
             env.device, self.precision, t.parallel if env.distributed else "none", env.world_size,
@@ -255,7 +250,7 @@ class Trainer:
         record: dict[str, Any] = {
             "split": "train", "step": self.step, "loss": stats.loss,
             "lr": stats.lr, "grad_norm": stats.grad_norm, "tokens_per_s": tokens_per_s, "tokens_seen": self.tokens_seen,
-            "recurrence": self.train_path.recurrence, "jacobi_iterations": stats.jacobi_iterations,
+            "recurrence": self.train_recurrence, "jacobi_iterations": stats.jacobi_iterations,
         }
         for name, param in self.gates.items():
             record[name] = float(dist_utils.full_value(param.detach()).float())
@@ -277,7 +272,7 @@ class Trainer:
             last = index == len(micro_batches) - 1
             with dist_utils.grad_sync(self.wrapped, enabled=last):
                 with self.autocast():
-                    out = self.wrapped(**_model_inputs(batch, self.train_path, device))
+                    out = self.wrapped(**self._model_inputs(batch))
                 if n_targets:
                     scaled = out.loss * (n_targets * env.world_size / global_targets)
                     loss_sum += out.loss.detach().double() * n_targets
@@ -295,6 +290,18 @@ class Trainer:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return StepStats(loss, grad_norm, global_tokens, _mean_iterations(iterations), lr)
+
+    def _model_inputs(self, batch: dict[str, torch.Tensor], overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Batch tensors on the device plus the run's path overrides; a model without recurrence does not
+        get the recurrence-only inputs a T²MLR dataset may carry."""
+        device = self.env.device
+        keep = {k: v for k, v in batch.items() if self.recurrent or k not in RECURRENCE_ONLY_INPUTS}
+        return {**{k: v.to(device, non_blocking=True) for k, v in keep.items()}, **(overrides or {})}
+
+    def eval_recurrence(self) -> str:
+        if not self.recurrent:
+            return "none"
+        return self.model.config.forward_path(False, self.eval_overrides.get("recurrence")).recurrence
 
     def _check_finite(self, value: float, what: str) -> None:
         if math.isfinite(value):
@@ -324,7 +331,7 @@ class Trainer:
                 for batch in self.eval_data:
                     n = count_targets(batch)
                     with self.autocast():
-                        out = self.wrapped(**_model_inputs(batch, self.eval_path, device))
+                        out = self.wrapped(**self._model_inputs(batch, self.eval_overrides))
                     if n:
                         loss_sum += out.loss.double() * n
                     targets += n
@@ -337,7 +344,7 @@ class Trainer:
         return {
             "eval_loss": eval_loss,
             "eval_ppl": math.exp(eval_loss) if eval_loss < 50 else float("inf"),
-            "eval_recurrence": self.eval_path.recurrence,
+            "eval_recurrence": self.eval_recurrence(),
             "eval_jacobi_iterations": _mean_iterations(iterations),
             "eval_tokens": int(totals[1]),
         }

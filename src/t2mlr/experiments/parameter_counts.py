@@ -3,9 +3,9 @@
     t2mlr params                      # every preset
     t2mlr params --preset smollm2-135m
 
-Presets: the S5-Retrieval models (`s5-tiny`, `s5-cpu`, `s5-paper`, from `t2mlr.experiments.s5_presets`)
-and SmolLM2-135M with T²MLR(13, 18) (the paper's main placement; built from its published shape, no
-download). Counts are exact (meta-device builds of the real modules).
+Presets: SmolLM2-135M with T²MLR(13, 18) (the paper's main placement; built from its published shape,
+no download) and the S5-Retrieval models (`s5-tiny`, `s5-cpu`, `s5-paper`, from
+`t2mlr.experiments.s5_presets`). Counts are exact: meta-device builds of the real modules.
 """
 
 from __future__ import annotations
@@ -14,40 +14,11 @@ import argparse
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from transformers import LlamaConfig
-
 from t2mlr.baselines.matching import MatchedSet, matched_models
 from t2mlr.model import T2MLRConfig
+from t2mlr.model.shapes import smollm2_135m_t2mlr_config
 
-__all__ = ["PARAM_PRESETS", "main", "register", "smollm2_135m_base_config", "smollm2_135m_config"]
-
-
-def smollm2_135m_base_config(**overrides: Any) -> LlamaConfig:
-    """The SmolLM2-135M shape (the paper's backbone and overhead tables): 30 blocks, hidden 576, 9 heads of
-    64 with 3 KV heads, MLP 1536, vocabulary 49152, tied embeddings; keyword arguments override fields."""
-    fields: dict[str, Any] = dict(
-        vocab_size=49152,
-        hidden_size=576,
-        intermediate_size=1536,
-        num_hidden_layers=30,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        head_dim=64,
-        max_position_embeddings=8192,
-        rms_norm_eps=1e-5,
-        rope_theta=100000.0,
-        tie_word_embeddings=True,
-        bos_token_id=0,
-        eos_token_id=0,
-        pad_token_id=0,
-    )
-    fields.update(overrides)
-    return LlamaConfig(**fields)
-
-
-def smollm2_135m_config(l_start: int = 13, l_end: int = 18) -> T2MLRConfig:
-    """T²MLR(l_start, l_end) on the SmolLM2-135M shape."""
-    return T2MLRConfig.from_base(smollm2_135m_base_config(), l_start=l_start, l_end=l_end)
+__all__ = ["PARAM_PRESETS", "main", "register"]
 
 
 def _s5_config(name: str) -> Callable[[], T2MLRConfig]:
@@ -65,7 +36,7 @@ PARAM_PRESETS: dict[str, Callable[[], T2MLRConfig]] = {
     "s5-tiny": _s5_config("tiny"),
     "s5-cpu": _s5_config("cpu"),
     "s5-paper": _s5_config("paper"),
-    "smollm2-135m": smollm2_135m_config,
+    "smollm2-135m": smollm2_135m_t2mlr_config,
 }
 
 
@@ -98,7 +69,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run `params` standalone: `python -m t2mlr.baselines.commands params`."""
+    """Run `params` standalone: `python -m t2mlr.experiments.parameter_counts params`."""
     from t2mlr.cli import run_registered
 
     return run_registered(register, argv)

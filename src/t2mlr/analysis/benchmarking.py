@@ -1,5 +1,5 @@
-"""Shared helpers of the benchmarks: machine description, synchronised wall-clock timing, paired runs,
-and markdown tables for benchmarks/RESULTS.md.
+"""Helpers of the scripts under benchmarks/: machine description, synchronised wall-clock timing,
+paired runs, and markdown tables for benchmarks/RESULTS.md.
 
 CPU threads: the CPU benchmarks default to one torch thread. With torch's default (one thread per
 core) on a 2-core machine that other processes also use, every small operator's threads spin-wait for
@@ -127,29 +127,6 @@ def parse_placements(text: str) -> list[tuple[int, int]]:
             raise ValueError(f"placements look like 5-26,9-22; got {part!r}")
         placements.append((int(start), int(end)))
     return placements
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def smollm2_shaped_config(hidden: int = 576, **overrides: object):
-    """SmolLM2-135M's proportions at another width: heads of 64, 3:1 grouped-query attention where the
-    head count allows it, MLP 8/3 × hidden. hidden=576 is exactly the 135M shape (defined once, in
-    t2mlr.baselines). Random weights: speed does not depend on them."""
-    from t2mlr.baselines.commands import smollm2_135m_base_config
-
-    heads = max(1, hidden // 64)
-    fields: dict[str, object] = dict(
-        hidden_size=hidden, intermediate_size=hidden * 8 // 3, num_attention_heads=heads,
-        num_key_value_heads=heads // 3 if heads % 3 == 0 else heads, head_dim=hidden // heads,
-    )
-    return smollm2_135m_base_config(**{**fields, **overrides})
 
 
 def text_rows(data: Path, tokenizer: str, seq_len: int, count: int | None = None) -> dict[str, torch.Tensor]:

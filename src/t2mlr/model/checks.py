@@ -1,0 +1,125 @@
+"""Input checks of `T2MLRForCausalLM.forward`: each bad input is a `ValueError` that names the argument
+and what is allowed, raised before anything reaches a decoder layer (where it would surface as someone
+else's exception or, on a GPU, as an opaque device-side assert).
+
+Value ranges (token ids, labels, positions) need the data, so they are read back from the device in a
+single host sync per forward. Under `torch.compile` that read is skipped: a graph cannot contain it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from t2mlr.utils import IGNORE_INDEX
+
+from .cache import T2MLRCache
+
+INTEGER_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+def chunk_shape(
+    input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, hidden_size: int
+) -> tuple[int, int, torch.device]:
+    """Batch, length and device of the chunk, after checking the inputs' types and shapes."""
+    if (input_ids is None) == (inputs_embeds is None):
+        raise ValueError("pass exactly one of input_ids or inputs_embeds")
+    if inputs_embeds is not None:
+        if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != hidden_size or 0 in inputs_embeds.shape[:2]:
+            raise ValueError(
+                f"inputs_embeds must have shape (batch, seq, {hidden_size}) with batch, seq >= 1, "
+                f"got {tuple(inputs_embeds.shape)}"
+            )
+        return inputs_embeds.shape[0], inputs_embeds.shape[1], inputs_embeds.device
+    if input_ids.dtype not in INTEGER_DTYPES:
+        raise ValueError(f"input_ids must be an integer tensor of token ids, got dtype {input_ids.dtype}")
+    if input_ids.dim() != 2 or 0 in input_ids.shape:
+        raise ValueError(f"input_ids must have shape (batch, seq) with batch, seq >= 1, got {tuple(input_ids.shape)}")
+    return input_ids.shape[0], input_ids.shape[1], input_ids.device
+
+
+def check_value_ranges(
+    input_ids: torch.Tensor | None,
+    labels: torch.Tensor | None,
+    position_ids: torch.Tensor,
+    vocab_size: int,
+    max_positions: int | None,
+) -> None:
+    """Token ids and labels inside the vocabulary (labels may also be -100) and positions below the
+    base model's limit, read back in one host sync (each sync stalls a GPU decode step)."""
+    if torch.compiler.is_compiling():
+        return
+    bounds = [position_ids.max().reshape(1)]
+    if input_ids is not None:
+        bounds.append(torch.stack(torch.aminmax(input_ids)).to(position_ids.dtype))
+    if labels is not None:
+        scored = labels.masked_fill(labels == IGNORE_INDEX, 0)
+        bounds.append(torch.stack(torch.aminmax(scored)).to(position_ids.dtype))
+    values = torch.cat(bounds).tolist()
+    highest_position = values[0]
+    if input_ids is not None:
+        low, high = values[1:3]
+        if low < 0 or high >= vocab_size:
+            raise ValueError(f"token ids must lie in [0, {vocab_size}), got range [{low}, {high}]")
+    if labels is not None:
+        low, high = values[-2:]
+        if low < 0 or high >= vocab_size:
+            raise ValueError(
+                f"labels must lie in [0, {vocab_size}) or be {IGNORE_INDEX} (ignored), got range [{low}, {high}]"
+            )
+    if max_positions is not None and highest_position >= max_positions:
+        raise ValueError(
+            f"position {highest_position} exceeds the base model's limit (max_position_embeddings={max_positions}); "
+            "shorten the sequence or pack it into documents"
+        )
+
+
+def check_labels_shape(labels: torch.Tensor | None, batch: int, length: int) -> None:
+    if labels is not None and tuple(labels.shape) != (batch, length):
+        raise ValueError(f"labels must have the shape of the inputs ({batch}, {length}), got {tuple(labels.shape)}")
+
+
+def checked_cache(past_key_values: Any, use_cache: bool | None) -> T2MLRCache | None:
+    if past_key_values is None:
+        return None
+    if not isinstance(past_key_values, T2MLRCache):
+        raise ValueError(
+            f"past_key_values must be a T2MLRCache (it carries the recurrent state), got {type(past_key_values).__name__}"
+        )
+    if use_cache is False:
+        raise ValueError("use_cache=False contradicts the past_key_values that was passed")
+    return past_key_values
+
+
+def checked_attention_mask(mask: torch.Tensor | None, batch: int, total: int) -> torch.Tensor | None:
+    if mask is None:
+        return None
+    if mask.dim() != 2 or tuple(mask.shape) != (batch, total):
+        raise ValueError(f"attention_mask must be 2D (batch, past + seq) = ({batch}, {total}), got {tuple(mask.shape)}")
+    return mask
+
+
+def checked_recurrence_mask(mask: torch.Tensor | None, policy: str, batch: int, length: int) -> torch.Tensor | None:
+    """The per-token recurrence mask as bools, or None under policy "all" (every real token fuses R)."""
+    if policy == "all":
+        if mask is not None:
+            raise ValueError("recurrence_mask was passed but recurrence_mask_policy='all'; set the policy to 'mask'")
+        return None
+    if mask is None:
+        raise ValueError("recurrence_mask_policy='mask' needs a recurrence_mask (batch, seq) for every forward")
+    if tuple(mask.shape) != (batch, length):
+        raise ValueError(f"recurrence_mask must have shape ({batch}, {length}), got {tuple(mask.shape)}")
+    return mask.bool()
+
+
+def checked_incoming_state(cache: T2MLRCache, past: int) -> torch.Tensor:
+    """R after the last cached token; the cache must hold one state per cached token."""
+    stored = cache.recurrent_states
+    if stored is None or stored.shape[1] != past:
+        have = 0 if stored is None else stored.shape[1]
+        raise ValueError(
+            f"the cache holds keys for {past} tokens but recurrent states for {have}: it was filled with "
+            "recurrence='off' or by another model; rebuild it with this model's exact or Jacobi path"
+        )
+    return stored[:, -1]

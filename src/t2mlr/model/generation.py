@@ -1,0 +1,103 @@
+"""How `generate()` drives T²MLR: the cache it gets, the path of each chunk, and the prompt's prefill.
+
+R lives in the `T2MLRCache` passed as `past_key_values`, so everything `generate()` does to the cache
+(beam reordering, expansion for `num_return_sequences`, cropping in assisted decoding) happens to R
+too, and nothing is stored on the module. The prompt runs on the exact path (default) or on the Jacobi
+path with a chosen depth; every later chunk continues the cache on the exact path: one token per step,
+where both paths coincide, or token by token for the verification chunks of assisted decoding.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import GenerationMixin
+
+from .cache import T2MLRCache
+from .configuration import check_depths, check_jacobi_tol
+
+PREFILL_PATHS = ("exact", "jacobi")
+JACOBI_ONLY_KWARGS = ("d_forward", "d_backward", "jacobi_tol")
+
+
+class T2MLRGenerationMixin(GenerationMixin):
+    """`GenerationMixin` plus the prompt's forward path and the recurrence mask of generated tokens."""
+
+    def _prepare_cache_for_generation(self, generation_config: Any, model_kwargs: dict, *args: Any, **kwargs: Any):
+        """generate() gets a T2MLRCache, so R is reordered, expanded and cropped with the KV cache."""
+        if model_kwargs.get("past_key_values") is None and generation_config.use_cache is not False:
+            model_kwargs["past_key_values"] = T2MLRCache(config=self.config.base_config)
+        return super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
+
+    def prepare_inputs_for_generation(
+        self, input_ids: torch.LongTensor, *args: Any, recurrence_mask: torch.Tensor | None = None, **kwargs: Any
+    ) -> dict[str, Any]:
+        """Per-step inputs: once the cache holds the prompt, chunks continue it on the exact path; with
+        recurrence_mask_policy="mask", `recurrence_mask` covers the prompt and generated tokens recur."""
+        inputs = super().prepare_inputs_for_generation(input_ids, *args, **kwargs)
+        cache = inputs.get("past_key_values")
+        past = cache.get_seq_length() if cache is not None else 0
+        if past > 0 and self.config.forward_path(self.training, inputs.get("recurrence")).recurrence == "jacobi":
+            inputs["recurrence"] = "exact"
+            for name in JACOBI_ONLY_KWARGS:
+                inputs.pop(name, None)
+        if self.config.recurrence_mask_policy == "mask":
+            inputs["recurrence_mask"] = generation_recurrence_mask(
+                recurrence_mask, input_ids.shape, past, inputs["input_ids"].shape[1]
+            )
+        elif recurrence_mask is not None:
+            inputs["recurrence_mask"] = recurrence_mask  # forward raises its policy error
+        return inputs
+
+    def generate(
+        self,
+        *args: Any,
+        prefill: str | None = None,
+        prefill_depth: int | None = None,
+        prefill_tol: float | None = None,
+        **kwargs: Any,
+    ):
+        """`GenerationMixin.generate` plus the prompt's forward path.
+
+        prefill="exact" (default: the config's eval path) runs the prompt's middle block token by token;
+        prefill="jacobi" runs it in parallel with `prefill_depth` cache iterations (default: the config's
+        d_forward), approximate unless prefill_depth >= prompt length; `prefill_tol` stops those
+        iterations early once max |ΔR| <= tol (a trained model's cache often converges in a few, so a
+        generous depth with a tolerance costs only what the prompt needs). With
+        recurrence_mask_policy="mask", pass `recurrence_mask` for the prompt; generated tokens recur.
+        """
+        kwargs.update(prefill_kwargs(prefill, prefill_depth, prefill_tol, self.config.d_forward))
+        return super().generate(*args, **kwargs)
+
+
+def prefill_kwargs(prefill: str | None, depth: int | None, tol: float | None, default_depth: int) -> dict[str, Any]:
+    """Forward arguments of the prompt's chunk for a prefill choice (checked here, once)."""
+    if prefill != "jacobi" and (depth is not None or tol is not None):
+        raise ValueError("prefill_depth and prefill_tol apply to prefill='jacobi' only")
+    if prefill is None:
+        return {}
+    if prefill not in PREFILL_PATHS:
+        raise ValueError(f"prefill must be one of {PREFILL_PATHS}, got {prefill!r}")
+    if prefill == "exact":
+        return {"recurrence": "exact"}
+    depth = default_depth if depth is None else depth
+    check_depths(depth, 1)
+    check_jacobi_tol(tol, "prefill_tol")
+    return {"recurrence": "jacobi", "d_forward": depth, "d_backward": 1, "jacobi_tol": tol}
+
+
+def generation_recurrence_mask(
+    prompt_mask: torch.Tensor | None, full_shape: torch.Size, past: int, chunk: int
+) -> torch.Tensor:
+    """The chunk's slice of [prompt mask, True for every generated token]."""
+    if prompt_mask is None:
+        raise ValueError(
+            "recurrence_mask_policy='mask': pass generate(..., recurrence_mask=MASK) for the prompt "
+            "(batch, prompt length); generated tokens always recur"
+        )
+    batch, total = full_shape
+    if prompt_mask.shape[0] != batch or prompt_mask.shape[1] > total:
+        raise ValueError(f"recurrence_mask must have shape (batch, prompt length), got {tuple(prompt_mask.shape)}")
+    generated = torch.ones(batch, total - prompt_mask.shape[1], dtype=torch.bool, device=prompt_mask.device)
+    return torch.cat([prompt_mask.bool(), generated], dim=1)[:, past : past + chunk]

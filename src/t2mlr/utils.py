@@ -1,0 +1,130 @@
+"""Small helpers every layer of the package shares (the bottom layer: imports nothing from t2mlr).
+
+* `IGNORE_INDEX`: the label value that causal-LM losses skip (transformers' convention).
+* `resolve_device`: "auto" means CUDA when present, else CPU, everywhere a device is chosen.
+* `check_known_names`: the one way unknown keyword arguments and config keys are refused, with the
+  nearest valid spelling in the message.
+* `signature_fields`: the typed keyword parameters of a callable, so a config class's own
+  signature is the schema that YAML and keyword arguments are checked against.
+* `load_tokenizer`: a Hugging Face tokenizer from a directory, a bare tokenizer.json or a hub id, with
+  errors that say what is missing.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import typing
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+IGNORE_INDEX = -100
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "vocab.txt")
+
+
+class TokenizerNotFoundError(ValueError):
+    """A tokenizer was asked for where none can be loaded."""
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """"auto" picks CUDA when it is available, else the CPU; anything else is passed to torch as is."""
+    if isinstance(device, torch.device):
+        return device
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    resolved = torch.device(device)
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} was asked for, but this machine has no CUDA device; use 'cpu' or 'auto'")
+    return resolved
+
+
+def resolve_dtype(dtype: str) -> torch.dtype | str:
+    """"auto" keeps the dtype a checkpoint was saved in; otherwise one of `DTYPES`."""
+    if dtype == "auto":
+        return "auto"
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {dtype!r}")
+    return DTYPES[dtype]
+
+
+def load_tokenizer(source: str | Path) -> "PreTrainedTokenizerBase":
+    """A Hugging Face tokenizer from a directory (a saved model's or tokenizer's), a bare `tokenizer.json`
+    file, or a hub id (where the hub is reachable)."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    path = Path(source)
+    if path.is_file():
+        if path.suffix != ".json":
+            raise TokenizerNotFoundError(f"{str(path)!r} is a file but not a tokenizer.json; pass its directory")
+        return PreTrainedTokenizerFast(tokenizer_file=str(path))
+    if path.is_dir() and not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise TokenizerNotFoundError(
+            f"{str(path)!r} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); save one with "
+            "tokenizer.save_pretrained(DIR) next to the model weights"
+        )
+    try:
+        return AutoTokenizer.from_pretrained(str(source))
+    except (OSError, ValueError) as err:
+        where = "saved in" if path.is_dir() else "from the path or hub id"
+        raise TokenizerNotFoundError(f"could not load a tokenizer {where} {str(source)!r}: {err}") from err
+
+
+def nearest_name(name: str, valid: Iterable[str]) -> str | None:
+    """The valid name closest to a misspelt one, or None when nothing is close."""
+    close = difflib.get_close_matches(name, list(valid), n=1)
+    return close[0] if close else None
+
+
+def unknown_name_message(what: str, name: str, valid: Iterable[str]) -> str:
+    """'unknown <what> 'x'. Did you mean 'y'? Valid: a, b, c' — the message of every such error."""
+    valid = list(valid)
+    guess = nearest_name(name, valid)
+    hint = f" Did you mean {guess!r}?" if guess else ""
+    return f"unknown {what} {name!r}.{hint} Valid: {', '.join(valid)}"
+
+
+def check_known_names(given: Iterable[str], valid: Iterable[str], what: str) -> None:
+    """Raise ValueError for the first name in `given` that is not in `valid` (see `unknown_name_message`)."""
+    valid = list(valid)
+    for name in given:
+        if name not in valid:
+            raise ValueError(unknown_name_message(what, name, valid))
+
+
+@dataclass(frozen=True)
+class Field:
+    """One keyword parameter of a callable: its name, resolved type hint and default."""
+
+    name: str
+    type: Any
+    default: Any
+
+
+def signature_fields(function: Callable[..., Any], exclude: Iterable[str] = ()) -> dict[str, Field]:
+    """The named keyword parameters of `function` (not *args/**kwargs, not `self`, not `exclude`),
+    with their type hints resolved (string annotations included)."""
+    try:
+        hints = typing.get_type_hints(function)
+    except NameError:  # an annotation names something imported only for type checkers: types unknown
+        hints = {}
+    return {
+        parameter.name: Field(parameter.name, hints.get(parameter.name, Any), parameter.default)
+        for parameter in keyword_parameters(function, exclude)
+    }
+
+
+def keyword_parameters(function: Callable[..., Any], exclude: Iterable[str] = ()) -> list[inspect.Parameter]:
+    """The named parameters of `function`, without *args/**kwargs, `self`/`cls` and `exclude`."""
+    skipped = {"self", "cls", *exclude}
+    return [
+        parameter for parameter in inspect.signature(function).parameters.values()
+        if parameter.name not in skipped and parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD)
+    ]
