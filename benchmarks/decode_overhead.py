@@ -3,8 +3,8 @@
 Both models generate greedily from the BOS token through `generate()` (min_new_tokens =
 max_new_tokens, so every run produces exactly the requested number of tokens) in one process. The
 baseline is the same backbone widened until its parameter count is at least T²MLR's, with the head
-count and head dimension kept (SmolLM2-135M: hidden 576 → 584, 9 heads of 64; SPEC §8,
-`t2mlr.generation.matching`). T²MLR adds 5d² + 3d + 2 parameters whatever the placement, so one
+count and head dimension kept (SmolLM2-135M: hidden 576 → 584, 9 heads of 64; docs/semantics.md §8,
+`t2mlr.baselines.matching`). T²MLR adds 5d² + 3d + 2 parameters whatever the placement, so one
 baseline serves every placement.
 
 Timing: for each placement and length, `--repeats` pairs of runs alternating which model goes first;

@@ -2,7 +2,7 @@
 
 A prefill is the forward over the prompt with a fresh `T2MLRCache` (use_cache=True, logits of the last
 position only, as `generate()` runs it). Exact runs the recurrent middle block token by token; Jacobi
-runs it over the whole prompt d_forward + 1 times in parallel (SPEC §5.2). Reported per depth: the
+runs it over the whole prompt d_forward + 1 times in parallel (docs/semantics.md §5.2). Reported per depth: the
 median over repeats of exact time / Jacobi time (each repeat times exact and every depth back to back,
 in a rotated order), the largest |logit difference| from exact at the last prompt position, and the
 largest |difference| of the recurrent state handed to decoding. `--tols` adds variants at the largest
@@ -10,7 +10,7 @@ depth that stop the iterations once the cache moves by at most the tolerance (ge
 with the number of iterations they ran.
 
 Weights are random (SmolLM2-135M shape, the model's own initialisation) with the gates opened to
-γ_cur = -0.5, γ_rec = 0.5 (the signs trained models end with, SPEC §6): at γ = 0 every depth would be
+γ_cur = -0.5, γ_rec = 0.5 (the signs trained models end with, docs/semantics.md §6): at γ = 0 every depth would be
 exact and the deviation column meaningless. How much the recurrence matters at all is printed as the
 largest |logit difference| between the exact path and the path without recurrence ("off").
 --fusion-scale multiplies the random fusion weights: larger values make the recurrence stronger and

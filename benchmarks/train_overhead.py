@@ -19,7 +19,7 @@ coarser measure, labelled as such in the output).
 
 A fresh model has γ = 0, where Φ is the identity and every Jacobi iterate is identical, which
 would make early stopping look free. The gates of random models are therefore set to γ_cur = -0.5,
-γ_rec = 0.5 (the signs trained models end with, SPEC §6) before measuring. Early stopping is only
+γ_rec = 0.5 (the signs trained models end with, docs/semantics.md §6) before measuring. Early stopping is only
 meaningful on a trained model, whose cache converges: `--checkpoint DIR` times a trained T²MLR
 (its own shape, placement and gates; the Transformer variant is its base model) on real text rows
 from `--data` (a jsonl of {"text"} lines, tokenized with the checkpoint's data tokenizer).

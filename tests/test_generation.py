@@ -1,4 +1,4 @@
-"""Generation through `generate()` hands the recurrent state over correctly (SPEC §5.3), and the
+"""Generation through `generate()` hands the recurrent state over correctly (docs/semantics.md §5.4), and the
 `t2mlr generate` command streams it.
 
 Every test compares decoding against the exact forward over the final sequence (the definition): a

@@ -1,4 +1,4 @@
-"""Padding, packed documents and the recurrence mask (SPEC §4)."""
+"""Padding, packed documents and the recurrence mask (docs/semantics.md §4)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The three forward paths against each other and against the base model (SPEC §5)."""
+"""The three forward paths against each other and against the base model (docs/semantics.md §5)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Truncated BPTT, cost of the Jacobi path, early stop and middle-block checkpointing (SPEC §5.2).
+"""Truncated BPTT, cost of the Jacobi path, early stop and middle-block checkpointing (docs/semantics.md §5.2).
 
 Gradient tolerances are ~1e-6 relative although the models are float64: transformers' RMSNorm computes
 its variance in float32, so two evaluation orders of the same function agree to about that level

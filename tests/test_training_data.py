@@ -11,7 +11,7 @@ import torch
 from t2mlr.training.config import DataConfig
 from t2mlr.training.data import (
     IGNORE_INDEX, Collator, ResumableBatchSampler, SyntheticChainDataset, build_dataset, count_targets,
-    pack_documents, positions_from_starts, shift_aligned_labels,
+    pack_documents, positions_within_documents, shift_aligned_labels,
 )
 
 
@@ -30,7 +30,7 @@ def test_packing_restarts_positions_per_document_and_row() -> None:
 
 def test_positions_from_starts() -> None:
     starts = torch.tensor([True, False, False, True, False, True])
-    assert positions_from_starts(starts).tolist() == [0, 1, 2, 0, 1, 0]
+    assert positions_within_documents(starts).tolist() == [0, 1, 2, 0, 1, 0]
 
 
 def test_jsonl_ids_and_text(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ after the delimiter are scored, with `t2mlr.tasks.scoring`: sequence exact match
 right) and per-token accuracy. Rows of one N have one length, so batches need no padding.
 
 T²MLR is evaluated on its exact path, always: the caller passes `recurrence="exact"` explicitly
-(see `forward_kwargs`), never relying on the config's default (SPEC §9).
+(see `forward_kwargs`), never relying on the config's default (docs/semantics.md §9).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Named settings of the S5-Retrieval experiment: `paper` (GPU), `cpu` (minutes on a laptop), `tiny` (tests).
 
-`paper` follows SPEC §7 and the paper (§5, "Training details"): K = 4, all 120 dictionary entries,
+`paper` follows docs/semantics.md §7 and the paper (§5, "Training details"): K = 4, all 120 dictionary entries,
 N uniform in 1..32 for training and 1..48 for evaluation; a 4-block Llama (hidden 384, 6 heads of
 64, RoPE) with T²MLR over all four blocks (the paper's "l_start = 0, l_end = 4" in its 0-based
 wording is T²MLR(1, 4) here); lr 1e-3, batch 64, 150k steps for T²MLR and 400k for the baselines;

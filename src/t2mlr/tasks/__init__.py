@@ -1,4 +1,4 @@
-"""Task data for T²MLR: generators, tokenizers, loaders and metrics (SPEC §7).
+"""Task data for T²MLR: generators, tokenizers, loaders and metrics (docs/semantics.md §7).
 
 Synthetic tasks: ``s5_retrieval`` (over the group in ``s5``), ``variable_assignment`` and
 ``prosqa``; chain-of-thought sets through ``loaders``; word-level tokenizers in ``tokenizers``;

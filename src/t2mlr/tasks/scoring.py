@@ -1,7 +1,7 @@
 """Task metrics: S5-Retrieval per-N accuracy, variable-assignment and GSM exact match.
 
 S5-Retrieval is scored only after the delimiter (positions ``t >= score_start``): the target
-over the dictionary is a copy of the input, and scoring it would inflate accuracy (SPEC §7).
+over the dictionary is a copy of the input, and scoring it would inflate accuracy (docs/semantics.md §7).
 Predictions are aligned with targets position for position (the transduction convention of
 ``t2mlr.tasks.tokenizers``): ``predicted[t]`` is the model's output at position t. Tokens may be
 ids or strings, as long as predictions and targets use the same kind.

@@ -9,7 +9,7 @@ trainer: any map-style `torch.utils.data.Dataset` whose items are dicts of 1-D t
 - `labels` are standard causal-LM labels (the model shifts them: logits at t are scored against
   labels[t+1]; -100 is ignored). Missing labels mean "predict every next token except across a
   document start".
-- `position_ids` restarting at 0 mark document starts inside a packed row (SPEC §4): the model resets
+- `position_ids` restarting at 0 mark document starts inside a packed row (docs/semantics.md §4): the model resets
   the recurrent cache there and keeps attention inside the document.
 - Transduction tasks (input and target aligned token for token: the target *for* position t sits at
   t) set `labels_aligned_to_inputs = True` on the dataset (or in the data config). The collator then
@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from t2mlr.model.layout import positions_within_documents
 from t2mlr.training.config import DataConfig
 from t2mlr.utils import IGNORE_INDEX, check_known_names, load_tokenizer, signature_fields
 
@@ -48,7 +49,7 @@ class PackedTokenDataset(Dataset):
 
     Positions restart at 0 at every document start and at every row start: a document cut by a row
     boundary continues as a new document in the next row, because R_0 = 0 at the start of every
-    sequence anyway (SPEC §3) and RoPE positions then never exceed seq_len. The first token of a
+    sequence anyway (docs/semantics.md §3) and RoPE positions then never exceed seq_len. The first token of a
     document gets label -100 (it cannot be predicted from the previous document). A trailing
     partial row is dropped.
     """
@@ -75,7 +76,7 @@ class PackedTokenDataset(Dataset):
         ids = torch.from_numpy(np.asarray(self.tokens[lo:hi], dtype=np.int64))
         starts = torch.from_numpy(self._starts(lo, hi))
         starts[0] = True
-        positions = positions_from_starts(starts)
+        positions = positions_within_documents(starts)
         labels = ids.clone()
         labels[starts] = IGNORE_INDEX
         return {"input_ids": ids, "position_ids": positions, "labels": labels}
@@ -143,13 +144,6 @@ def write_token_file(
     finally:
         raw.unlink(missing_ok=True)
     return count
-
-
-def positions_from_starts(starts: torch.Tensor) -> torch.Tensor:
-    """Position of each token within its document, given a bool mask of document starts (starts[0] True)."""
-    index = torch.arange(starts.numel())
-    last_start = torch.cummax(torch.where(starts, index, torch.zeros_like(index)), dim=0).values
-    return index - last_start
 
 
 def pack_documents(documents: Iterable[Sequence[int]], seq_len: int) -> PackedTokenDataset:
@@ -254,7 +248,7 @@ class SyntheticChainDataset(Dataset):
         start_mask = torch.from_numpy(starts)
         labels = ids.clone()
         labels[start_mask] = IGNORE_INDEX
-        return {"input_ids": ids, "position_ids": positions_from_starts(start_mask), "labels": labels}
+        return {"input_ids": ids, "position_ids": positions_within_documents(start_mask), "labels": labels}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 Weight decay pulls parameters towards 0. For the fusion gates γ_cur, γ_rec that would bias the
 model back towards "no recurrence" regardless of the data, and for norm gains and biases it is the
-usual mistake; so none of them decay (SPEC §2). Fusion parameters can get their own learning-rate
+usual mistake; so none of them decay (docs/semantics.md §2). Fusion parameters can get their own learning-rate
 multiplier because a retrofitted model's fusion module starts from scratch next to trained weights.
 """
 
