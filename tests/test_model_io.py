@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from conftest import random_ids, tiny_base_config, tiny_model
@@ -91,3 +93,16 @@ def test_retrofit_from_model_and_from_path_keeps_base_logits(tmp_path) -> None:
                 got = model(ids, recurrence=path, d_forward=4, d_backward=1).logits
             assert torch.allclose(got, expected, atol=1e-5, rtol=0), path
     assert from_path.fusion.gamma_rec.item() == 0.0
+
+
+def test_a_checkpoint_saved_by_version_0_1_0_still_loads_and_computes_the_same() -> None:
+    """tests/fixtures/t2mlr_v0_1_0: saved by the release before the model package was split, with its
+    exact and Jacobi logits and a greedy continuation recorded by that release on this very directory."""
+    fixture = Path(__file__).parent / "fixtures" / "t2mlr_v0_1_0"
+    expected = torch.load(fixture / "expected_outputs.pt")
+    model = AutoModelForCausalLM.from_pretrained(fixture).eval()
+    ids = expected["input_ids"]
+    with torch.no_grad():
+        assert torch.equal(model(ids, recurrence="exact").logits, expected["exact"])
+        assert torch.equal(model(ids, recurrence="jacobi", d_forward=3, d_backward=1).logits, expected["jacobi_d3"])
+        assert torch.equal(model.generate(ids[:1], max_new_tokens=6, do_sample=False), expected["greedy"])

@@ -9,8 +9,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from collections.abc import Callable, Sequence
-from typing import Any
 
 COMMAND_MODULES = (
     "t2mlr.tasks.commands",  # data
@@ -36,15 +34,6 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     result = args.func(args)
     return int(result or 0)
-
-
-def run_registered(register: Callable[[Any], Any], argv: Sequence[str] | None = None, prog: str = "t2mlr") -> int:
-    """Parse argv against one part's subcommands only and run the chosen one: the standalone entry
-    (`python -m t2mlr.<part>.commands ...`) of a part that `register`s into the main CLI."""
-    parser = argparse.ArgumentParser(prog=prog)
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return int(args.func(args) or 0)
 
 
 if __name__ == "__main__":

@@ -12,10 +12,11 @@
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import inspect
 import typing
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -128,3 +129,12 @@ def keyword_parameters(function: Callable[..., Any], exclude: Iterable[str] = ()
         parameter for parameter in inspect.signature(function).parameters.values()
         if parameter.name not in skipped and parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD)
     ]
+
+
+def run_registered(register: Callable[[Any], Any], argv: Sequence[str] | None = None, prog: str = "t2mlr") -> int:
+    """Parse argv against one part's subcommands only and run the chosen one: the standalone entry
+    (`python -m t2mlr.<part>.commands ...`) of a part that `register`s its commands into the main CLI."""
+    parser = argparse.ArgumentParser(prog=prog)
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)

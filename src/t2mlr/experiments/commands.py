@@ -82,7 +82,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run standalone: `python -m t2mlr.experiments.commands experiment s5-retrieval --preset tiny`."""
-    from t2mlr.cli import run_registered
+    from t2mlr.utils import run_registered
 
     return run_registered(register, argv)
 

@@ -70,7 +70,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run `params` standalone: `python -m t2mlr.experiments.parameter_counts params`."""
-    from t2mlr.cli import run_registered
+    from t2mlr.utils import run_registered
 
     return run_registered(register, argv)
 

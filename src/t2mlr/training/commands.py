@@ -132,6 +132,6 @@ def run_plot(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Standalone entry point: `python -m t2mlr.training train ...` (same as `t2mlr train ...`)."""
-    from t2mlr.cli import run_registered
+    from t2mlr.utils import run_registered
 
     return run_registered(register, argv, prog="python -m t2mlr.training")
