@@ -50,7 +50,7 @@ from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase, StoppingCriteria, StoppingCriteriaList
 
 from t2mlr.generation.loading import load_model
-from t2mlr.model import T2MLRForCausalLM
+from t2mlr.model import T2MLRForCausalLM, is_t2mlr
 from t2mlr.model.configuration import check_depths
 from t2mlr.utils import load_tokenizer
 
@@ -145,7 +145,7 @@ class T2MLRLM(TemplateLM):
     @staticmethod
     def _load_model(pretrained: str | T2MLRForCausalLM, device: str, dtype: str) -> T2MLRForCausalLM:
         model = load_model(pretrained, device=device, dtype=dtype) if isinstance(pretrained, str) else pretrained
-        if not isinstance(model, T2MLRForCausalLM):
+        if not is_t2mlr(model):
             raise ValueError(
                 f"--model t2mlr needs a T²MLR model, got {type(model).__name__}; evaluate plain transformers "
                 "models with --model hf"

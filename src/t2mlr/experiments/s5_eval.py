@@ -20,6 +20,7 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
+from t2mlr.model import is_t2mlr
 from t2mlr.tasks.scoring import aggregate_s5_by_n, score_s5_prediction
 
 __all__ = ["NMetrics", "evaluate_by_n", "forward_kwargs", "group_by_n", "summarize"]
@@ -36,7 +37,7 @@ class NMetrics:
 
 def forward_kwargs(model: nn.Module) -> dict[str, Any]:
     """The evaluation path, explicit: T²MLR's exact recurrence; nothing for the baselines."""
-    return {"recurrence": "exact"} if hasattr(model, "middle_layer_indices") else {}
+    return {"recurrence": "exact"} if is_t2mlr(model) else {}
 
 
 def group_by_n(samples: Sequence[Mapping[str, Any]]) -> dict[int, list[Mapping[str, Any]]]:

@@ -15,9 +15,10 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.generation.streamers import BaseStreamer
 
-from t2mlr.model import T2MLRForCausalLM
+from t2mlr.model import is_t2mlr
+from t2mlr.model.generation import PREFILL_PATHS, prefill_kwargs
 
-PREFILL_PATHS = ("exact", "jacobi")
+__all__ = ["PREFILL_PATHS", "GenerationSettings", "encode_prompt", "generate_kwargs", "generate_text"]
 
 
 @dataclass
@@ -37,14 +38,7 @@ class GenerationSettings:
     def validate(self) -> None:
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.prefill not in PREFILL_PATHS:
-            raise ValueError(f"prefill must be one of {PREFILL_PATHS}, got {self.prefill!r}")
-        if (self.prefill_depth is not None or self.prefill_tol is not None) and self.prefill != "jacobi":
-            raise ValueError("--prefill-depth and --prefill-tol apply to --prefill jacobi only")
-        if self.prefill_depth is not None and self.prefill_depth < 1:
-            raise ValueError(f"prefill_depth must be >= 1, got {self.prefill_depth}")
-        if self.prefill_tol is not None and not self.prefill_tol >= 0:
-            raise ValueError(f"prefill_tol must be >= 0, got {self.prefill_tol}")
+        prefill_kwargs(self.prefill, self.prefill_depth, self.prefill_tol, default_depth=1)  # the model's own checks
         if not self.do_sample and (self.temperature != 1.0 or self.top_p != 1.0 or self.top_k != 0):
             raise ValueError("--temperature, --top-p and --top-k need --do-sample (greedy decoding ignores them)")
         if self.temperature <= 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
@@ -61,7 +55,7 @@ def generate_kwargs(model: PreTrainedModel, settings: GenerationSettings) -> dic
     kwargs: dict = {"max_new_tokens": settings.max_new_tokens, "do_sample": settings.do_sample}
     if settings.do_sample:
         kwargs.update(temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k)
-    if isinstance(model, T2MLRForCausalLM):
+    if is_t2mlr(model):
         kwargs["prefill"] = settings.prefill
         if settings.prefill == "jacobi":
             kwargs["prefill_depth"] = settings.prefill_depth
@@ -94,7 +88,7 @@ def generate_text(
     if settings.seed is not None:
         torch.manual_seed(settings.seed)
     inputs = encode_prompt(tokenizer, prompt, model.device)
-    if isinstance(model, T2MLRForCausalLM) and model.config.recurrence_mask_policy == "mask":
+    if is_t2mlr(model) and model.config.recurrence_mask_policy == "mask":
         # "response tokens only" models: the prompt does not fuse R, every generated token does
         inputs["recurrence_mask"] = torch.zeros_like(inputs["input_ids"], dtype=torch.bool)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

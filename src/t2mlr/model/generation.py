@@ -74,7 +74,10 @@ class T2MLRGenerationMixin(GenerationMixin):
 def prefill_kwargs(prefill: str | None, depth: int | None, tol: float | None, default_depth: int) -> dict[str, Any]:
     """Forward arguments of the prompt's chunk for a prefill choice (checked here, once)."""
     if prefill != "jacobi" and (depth is not None or tol is not None):
-        raise ValueError("prefill_depth and prefill_tol apply to prefill='jacobi' only")
+        raise ValueError(
+            "prefill_depth and prefill_tol (--prefill-depth, --prefill-tol) apply to prefill='jacobi' only: "
+            "the exact prefill has no Jacobi iterations, so give them with jacobi only"
+        )
     if prefill is None:
         return {}
     if prefill not in PREFILL_PATHS:
