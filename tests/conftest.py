@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 from transformers import LlamaConfig, MistralConfig, Qwen2Config
@@ -64,3 +66,14 @@ def model64() -> T2MLRForCausalLM:
 def random_ids(batch: int, length: int, seed: int = 1) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(3, VOCAB, (batch, length), generator=generator)
+
+
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """Tiny models run fastest on one thread, and on a shared 2-core machine a second torch thread
+    spin-waits against other processes (10x slower runs); restored afterwards for other test files.
+    Use with `pytestmark = pytest.mark.usefixtures("one_torch_thread")`."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

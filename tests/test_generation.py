@@ -32,14 +32,7 @@ TOL = 1e-4
 GREEDY = dict(do_sample=False, pad_token_id=0)
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """Tiny models run fastest on one thread, and on a shared 2-core machine a second torch thread
-    spin-waits against other processes (10x slower runs); restored afterwards for other test files."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _generate(model: PreTrainedModel, ids: torch.Tensor, mask: torch.Tensor | None = None, new: int = 6, **kwargs: Any):

@@ -6,7 +6,6 @@ changed iteration, mask or schedule moves the curve by 1e-3 or more within a few
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,12 +18,7 @@ OVERRIDES = ["train.max_steps=20", "schedule.total_steps=40", "logging.progress_
              "checkpoint.every=0", "checkpoint.save_final=false"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_debug_preset_reproduces_its_golden_loss_curve(tmp_path: Path) -> None:

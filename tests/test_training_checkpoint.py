@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,13 +24,7 @@ TINY = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """The CI box has two shared cores: one intra-op thread avoids oversubscription stalls."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def tiny(*overrides: str) -> TrainConfig:
