@@ -17,12 +17,14 @@ lm_eval = pytest.importorskip("lm_eval")
 import torch  # noqa: E402
 from conftest import tiny_model  # noqa: E402
 from lm_eval.tasks import TaskManager  # noqa: E402
-from test_generation import build_tokenizer, one_torch_thread, save_model_dir  # noqa: E402,F401  (autouse fixture)
+from test_generation import build_tokenizer, save_model_dir  # noqa: E402
 
 import t2mlr.evaluation.lm_eval_model  # noqa: E402,F401  (registers "t2mlr")
 from t2mlr.evaluation import TASKS_DIR  # noqa: E402
 from t2mlr.evaluation.commands import register  # noqa: E402
 from t2mlr.evaluation.harness import with_shipped_tasks  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 from t2mlr.evaluation.lm_eval_model import check_eval_path  # noqa: E402
 from t2mlr.model import T2MLRForCausalLM  # noqa: E402
 

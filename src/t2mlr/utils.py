@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import inspect
+import os
 import typing
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -76,6 +77,25 @@ def load_tokenizer(source: str | Path) -> "PreTrainedTokenizerBase":
     except (OSError, ValueError) as err:
         where = "saved in" if path.is_dir() else "from the path or hub id"
         raise TokenizerNotFoundError(f"could not load a tokenizer {where} {str(source)!r}: {err}") from err
+
+
+def available_cores() -> int:
+    """CPU cores this process may run on (its affinity mask where the platform has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def free_cores() -> int:
+    """Cores not busy right now: available cores minus the 1-minute load average, at least 1.
+
+    On a shared machine torch's default (one thread per core) makes every operator's threads wait for
+    descheduled partners; measured on a busy 2-core machine, the debug preset took minutes instead of
+    seconds (benchmarks/RESULTS.md)."""
+    cores = available_cores()
+    if not hasattr(os, "getloadavg"):
+        return cores
+    return max(1, min(cores, round(cores - os.getloadavg()[0])))
 
 
 def nearest_name(name: str, valid: Iterable[str]) -> str | None:

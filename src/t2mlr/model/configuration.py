@@ -19,6 +19,7 @@ from typing import Any, Literal, get_args
 
 from transformers import AutoConfig, PretrainedConfig
 
+from t2mlr.model.remote_code import AUTO_MAP
 from t2mlr.utils import Field, check_known_names, keyword_parameters, signature_fields, unknown_name_message
 
 RecurrencePath = Literal["exact", "jacobi", "off"]
@@ -175,6 +176,7 @@ class T2MLRConfig(PretrainedConfig):
         if self.base_config is not None:
             for name in ("bos_token_id", "eos_token_id", "pad_token_id", "tie_word_embeddings"):
                 kwargs.setdefault(name, getattr(self.base_config, name, None))
+            kwargs.setdefault("auto_map", dict(AUTO_MAP))  # loads without `import t2mlr` (remote_code.py)
         super().__init__(**kwargs)
         if self.base_config is not None:
             self.validate_recurrence()

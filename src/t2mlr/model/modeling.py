@@ -21,6 +21,7 @@ each token reads (R_{t-1}, zero at a document start), `r_out` is what each token
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Sequence
 
 import torch
@@ -37,9 +38,18 @@ from .configuration import ForwardPath, T2MLRConfig
 from .fusion import CacheNorm, GatedFusion
 from .generation import T2MLRGenerationMixin
 from .layout import (
-    LayerInputs, TokenLayout, chunk_kv_offset, gather_states, latest_real_index, layer_inputs, reset_at_starts,
-    states_read, step_mask, token_layout,
+    LayerInputs,
+    TokenLayout,
+    chunk_kv_offset,
+    gather_states,
+    latest_real_index,
+    layer_inputs,
+    reset_at_starts,
+    states_read,
+    step_mask,
+    token_layout,
 )
+from .remote_code import write_remote_code_modules
 
 WRAPPABLE_PARTS = ("model.embed_tokens", "model.layers", "model.norm", "model.rotary_emb", "lm_head")
 
@@ -118,6 +128,12 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, T2MLRGenerationMixin):
             raise ValueError("load_kwargs applies only when `base` is a hub id or path")
         config = T2MLRConfig.from_base(base.config, l_start=l_start, l_end=l_end, **config_kwargs)
         return cls(config, base_model=base)
+
+    def save_pretrained(self, save_directory: str | Path, *args: Any, **kwargs: Any) -> None:
+        """`PreTrainedModel.save_pretrained`, plus the modules that let the directory load without
+        `import t2mlr` (`trust_remote_code=True`; see `t2mlr.model.remote_code`)."""
+        super().save_pretrained(save_directory, *args, **kwargs)
+        write_remote_code_modules(save_directory)
 
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, GatedFusion):

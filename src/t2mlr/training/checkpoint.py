@@ -1,25 +1,37 @@
-"""Atomic training checkpoints: model (safetensors), optimizer, scheduler, RNG states, data position.
+"""Atomic, verifiable training checkpoints: model (safetensors), optimizer, scheduler, RNG states,
+data position, and what a user needs to load the model (config.json, the tokenizer).
 
 Layout under `<run>/checkpoints/`:
 
     step_00000100/model.safetensors     full (unsharded) weights, tied weights stored once
+    step_00000100/config.json           the model config: the directory loads with from_pretrained
+    step_00000100/tokenizer*.json       the run's tokenizer, when it has one
     step_00000100/optimizer.pt          full optimizer + scheduler state, keyed by parameter name
     step_00000100/rng/rank_00000.pt     python / numpy / torch / cuda generator states, one file per rank
     step_00000100/trainer_state.json    step (= batches consumed = data position), tokens seen, world size
+    step_00000100/manifest.json         size and SHA-256 of every other file; written last
     latest                              text file naming the newest complete checkpoint directory
 
-A checkpoint is written into `.tmp-step_…`, every file is fsynced, then the directory is renamed
-into place and only then is `latest` replaced (write, fsync, os.replace). A crash at any point
-leaves `latest` pointing at the previous complete checkpoint; stale temporary directories are
+A checkpoint is written into `.tmp-step_…`, every file is fsynced, the manifest is written last (also
+atomically), then the directory is renamed into place and only then is `latest` replaced. A crash at
+any point leaves the previous checkpoint as the newest complete one; stale temporary directories are
 removed by the next save.
+
+Resume does not trust names or pointers: it takes the newest checkpoint whose files match its
+manifest (sizes and checksums), and says which newer ones it skipped and why. A checkpoint that does
+not verify is never loaded and never deleted: pruning passes over it, and a later save of the same
+step moves it aside as `corrupt-step_…` instead of removing it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import random
 import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,17 +39,23 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from t2mlr.training.distributed import DistEnv, barrier
+from t2mlr.training.distributed import DistEnv, barrier, broadcast_object
+
+log = logging.getLogger(__name__)
 
 LATEST = "latest"
 TMP_PREFIX = ".tmp-"
+CORRUPT_PREFIX = "corrupt-"
 MODEL_FILE = "model.safetensors"
 OPTIM_FILE = "optimizer.pt"
 STATE_FILE = "trainer_state.json"
+MANIFEST_FILE = "manifest.json"
+TRAINING_ONLY = (OPTIM_FILE, STATE_FILE, MANIFEST_FILE, "rng")  # what a model directory does not need
+UNREADABLE = (SafetensorError, RuntimeError, ValueError, OSError, KeyError, EOFError)  # a damaged file's errors
 ALIAS_KEY = "t2mlr_aliases"
 
 
@@ -53,6 +71,7 @@ class TrainerState:
     tokens_seen: int
     world_size: int
     global_batch_size: int
+    torch_threads: int | None = None  # CPU threads of the run (None: not recorded by older versions)
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -98,6 +117,82 @@ def replace_text_atomic(path: Path, text: str) -> None:
         os.fsync(handle.fileno())
     os.replace(tmp, path)
     fsync_dir(path.parent)
+
+
+def sha256_of(path: Path) -> str:
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def write_manifest(directory: Path) -> None:
+    """Record size and SHA-256 of every file below `directory`; the manifest itself is written last."""
+    files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST_FILE)
+    entries = {p.relative_to(directory).as_posix(): {"size": p.stat().st_size, "sha256": sha256_of(p)} for p in files}
+    tmp = directory / f"{TMP_PREFIX}{MANIFEST_FILE}"
+    write_durable(tmp, lambda p: p.write_text(json.dumps({"format": 1, "files": entries}, indent=1)))
+    os.replace(tmp, directory / MANIFEST_FILE)
+
+
+def manifest_problems(directory: Path, checksums: bool = True) -> list[str]:
+    """Why `directory` does not match its manifest (empty when it does). Without `checksums` only
+    presence and sizes are compared (cheap enough to run on every save)."""
+    manifest = directory / MANIFEST_FILE
+    if not manifest.is_file():
+        return [f"no {MANIFEST_FILE} (an interrupted write, or a checkpoint of an older t2mlr)"]
+    try:
+        entries = json.loads(manifest.read_text(encoding="utf-8"))["files"]
+    except (ValueError, KeyError) as err:
+        return [f"{MANIFEST_FILE} cannot be read ({err})"]
+    problems = []
+    for name, expected in entries.items():
+        path = directory / name
+        if not path.is_file():
+            problems.append(f"{name} is missing")
+        elif path.stat().st_size != expected["size"]:
+            problems.append(f"{name} has {path.stat().st_size} bytes, {expected['size']} recorded (truncated?)")
+        elif checksums and sha256_of(path) != expected["sha256"]:
+            problems.append(f"{name} does not match its recorded SHA-256 (damaged)")
+    for required in (MODEL_FILE, STATE_FILE, OPTIM_FILE):
+        if required not in entries:
+            problems.append(f"{required} is not in the manifest")
+    return problems
+
+
+def recorded_threads(run_dir: str | Path) -> int | None:
+    """The CPU thread count the newest checkpoint of a run recorded (None if unknown or unreadable)."""
+    root = Path(run_dir) / "checkpoints"
+    for path in sorted(root.glob("step_*"), reverse=True) if root.is_dir() else []:
+        try:
+            return json.loads((path / STATE_FILE).read_text(encoding="utf-8")).get("torch_threads")
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def export_model_dir(checkpoint: Path, target: Path) -> Path:
+    """A plain model directory (weights, config, tokenizer) from a checkpoint: what `from_pretrained`,
+    `t2mlr generate` and `t2mlr eval` read, without the optimizer and RNG states. Hard links when the
+    filesystem allows, else copies; the directory appears atomically."""
+    tmp = target.with_name(f"{TMP_PREFIX}{target.name}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    for item in checkpoint.iterdir():
+        if item.name in TRAINING_ONLY or not item.is_file():
+            continue
+        try:
+            os.link(item, tmp / item.name)
+        except OSError:
+            shutil.copy2(item, tmp / item.name)
+    if target.exists():
+        old = target.with_name(f"{TMP_PREFIX}old-{target.name}")
+        os.replace(target, old)
+        os.replace(tmp, target)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, target)
+    fsync_dir(target.parent)
+    return target
 
 
 # ---------------------------------------------------------------------------------------------
@@ -202,9 +297,12 @@ class CheckpointManager:
 
     def save(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, state: TrainerState,
-        extra_files: dict[str, str] | None = None,
+        extra_files: dict[str, str] | None = None, write_extra: Callable[[Path], None] | None = None,
     ) -> Path:
-        """Write checkpoint `state.step` atomically and point `latest` at it. Returns its directory."""
+        """Write checkpoint `state.step` atomically and point `latest` at it. Returns its directory.
+
+        `extra_files` maps file names to text; `write_extra(directory)` writes anything else (the
+        tokenizer); both land in the manifest."""
         model_state = full_model_state(model)
         optim_state = full_optimizer_state(model, optimizer)
         name = step_dirname(state.step)
@@ -217,12 +315,14 @@ class CheckpointManager:
             write_durable(tmp / STATE_FILE, lambda p: p.write_text(json.dumps(state.to_json(), indent=2)))
             for filename, text in (extra_files or {}).items():
                 write_durable(tmp / filename, lambda p, text=text: p.write_text(text))
-        barrier(self.env)
+            if write_extra is not None:
+                write_extra(tmp)
         rng_path = tmp / "rng" / f"rank_{self.env.rank:05d}.pt"
         write_durable(rng_path, lambda p: torch.save(capture_rng(), p))
         barrier(self.env)
         final = self.root / name
         if self.env.is_main:
+            write_manifest(tmp)
             self._commit(tmp, final)
         barrier(self.env)
         return final
@@ -240,54 +340,125 @@ class CheckpointManager:
         fsync_dir(tmp / "rng")
         fsync_dir(tmp)
         if final.exists():
-            # Re-saving a step (e.g. after a resume): move the old copy aside, never delete it first.
-            trash = self.root / f"{TMP_PREFIX}old-{final.name}"
-            os.replace(final, trash)
-            os.replace(tmp, final)
-            shutil.rmtree(trash)
-        else:
-            os.replace(tmp, final)
+            # The same step again: resume only goes back past a step whose checkpoint did not verify,
+            # so the old copy is kept for inspection, not deleted.
+            aside = self.root / f"{CORRUPT_PREFIX}{final.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+            os.replace(final, aside)
+            log.warning("%s did not verify and is replaced; the old copy is kept as %s", final.name, aside.name)
+        os.replace(tmp, final)
         fsync_dir(self.root)
         replace_text_atomic(self.root / LATEST, final.name + "\n")
         self._prune(final)
 
     def _prune(self, newest: Path) -> None:
+        """Keep the newest `keep_last` checkpoints; an older one that does not verify is left in place."""
         if not self.keep_last:
             return
-        steps = sorted(p for p in self.root.glob("step_*") if p.is_dir())
-        for old in steps[: max(0, len(steps) - self.keep_last)]:
-            if old != newest:
-                shutil.rmtree(old)
+        steps = self.checkpoint_dirs()
+        for old in steps[self.keep_last:]:
+            if old == newest:
+                continue
+            if manifest_problems(old, checksums=False):
+                log.warning("not pruning %s: it does not match its manifest (kept for inspection)", old.name)
+                continue
+            shutil.rmtree(old)
 
     # -----------------------------------------------------------------------------------------
     # Finding and loading
 
+    def checkpoint_dirs(self) -> list[Path]:
+        """Every `step_…` directory, newest first."""
+        if not self.root.is_dir():
+            return []
+        return sorted((p for p in self.root.glob("step_*") if p.is_dir()), key=lambda p: p.name, reverse=True)
+
     def latest(self) -> Path | None:
-        """The checkpoint `latest` points at, or None when there is none yet."""
-        pointer = self.root / LATEST
-        if not pointer.is_file():
-            return None
-        path = self.root / pointer.read_text(encoding="utf-8").strip()
-        if not (path / STATE_FILE).is_file() or not (path / MODEL_FILE).is_file():
-            raise CheckpointError(f"{pointer} names {path.name}, which is missing or incomplete")
-        return path
+        """The newest checkpoint directory, verified or not (None when there is none yet)."""
+        found = self.checkpoint_dirs()
+        return found[0] if found else None
+
+    def newest_verified(self) -> tuple[Path | None, list[str]]:
+        """The newest checkpoint that matches its manifest (None if none does), and a line per newer one
+        that was skipped. Checkpoints of older t2mlr versions have no manifest: they count as verified
+        when their files load (`resume`)."""
+        skipped = []
+        for path in self.checkpoint_dirs():
+            problems = manifest_problems(path)
+            legacy = problems and problems[0].startswith(f"no {MANIFEST_FILE}") and (path / STATE_FILE).is_file()
+            if not problems or legacy:
+                return path, skipped
+            skipped.append(f"{path.name}: {'; '.join(problems)}")
+        return None, skipped
+
+    def resume(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
+    ) -> tuple[Path, TrainerState] | None:
+        """Load the newest checkpoint that verifies and reads; None when the run has no checkpoint yet.
+
+        Every skipped checkpoint is logged with its reason and left in place. Rank 0 chooses and every
+        rank loads the same one."""
+        tried: list[str] = []
+        while True:
+            choice = None
+            if self.env.is_main:
+                path, skipped = self.newest_verified()
+                skipped = [line for line in skipped if line not in tried]
+                choice = (None if path is None else str(path), skipped)
+            path_text, skipped = broadcast_object(choice, self.env)
+            for line in skipped:
+                log.warning("resume: skipping checkpoint %s; it is kept in place", line)
+                tried.append(line)
+            if path_text is None:
+                if tried:
+                    raise CheckpointError(f"no checkpoint in {self.root} can be resumed:\n  " + "\n  ".join(tried))
+                return None
+            path = Path(path_text)
+            try:
+                return path, self.load(path, model, optimizer, scheduler)
+            except UnreadableCheckpointError as err:
+                log.warning("resume: skipping checkpoint %s: %s; it is kept in place", path.name, err)
+                tried.append(f"{path.name}: {err}")
+                self._set_aside_for_this_resume(path)
+
+    def _set_aside_for_this_resume(self, path: Path) -> None:
+        """A checkpoint without a manifest that failed to read: rename it so the search moves on."""
+        barrier(self.env)
+        if self.env.is_main:
+            os.replace(path, self.root / f"{CORRUPT_PREFIX}{path.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+        barrier(self.env)
 
     def load(
         self, path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
     ) -> TrainerState:
-        """Restore everything `save` wrote; every rank calls it (it reads files and may run collectives)."""
-        state = TrainerState(**json.loads((path / STATE_FILE).read_text(encoding="utf-8")))
+        """Restore everything `save` wrote; every rank calls it (it reads files and may run collectives).
+
+        All files are read first, so a damaged file raises `UnreadableCheckpointError` before anything
+        is changed."""
+        state = TrainerState(**_read(path / STATE_FILE, lambda p: json.loads(p.read_text(encoding="utf-8"))))
         if state.world_size != self.env.world_size:
             raise CheckpointError(
                 f"{path} was written by {state.world_size} rank(s), this job has {self.env.world_size}: the "
                 "per-rank RNG streams would not continue exactly (resume with the same number of processes)"
             )
-        load_full_model_state(model, load_weights(path / MODEL_FILE))
-        bundle = torch.load(path / OPTIM_FILE, map_location="cpu", weights_only=True)
+        weights = _read(path / MODEL_FILE, load_weights)
+        bundle = _read(path / OPTIM_FILE, lambda p: torch.load(p, map_location="cpu", weights_only=True))
+        rng = _read(path / "rng" / f"rank_{self.env.rank:05d}.pt", lambda p: torch.load(p, weights_only=True))
+        load_full_model_state(model, weights)
         load_full_optimizer_state(model, optimizer, bundle["optimizer"])
         scheduler.load_state_dict(bundle["scheduler"])
-        rng_path = path / "rng" / f"rank_{self.env.rank:05d}.pt"
-        restore_rng(torch.load(rng_path, weights_only=True))
+        restore_rng(rng)
         return state
 
 
+class UnreadableCheckpointError(CheckpointError):
+    """A checkpoint file exists but cannot be read (truncated or damaged)."""
+
+
+def _read(path: Path, reader: Callable[[Path], Any]) -> Any:
+    """`reader(path)`, with a damaged or missing file reported as what it is, naming the file."""
+    if not path.is_file():
+        raise UnreadableCheckpointError(f"{path} is missing")
+    try:
+        return reader(path)
+    except UNREADABLE as err:
+        raise UnreadableCheckpointError(f"{path} cannot be read ({type(err).__name__}: {err})") from err

@@ -1,19 +1,11 @@
-"""CLI subcommands `train`, `plot` and `tokenize`, registered into the main `t2mlr` parser by `register`.
-
-    t2mlr train CONFIG.yaml --out runs/x [--max-steps N] [--resume] [--parallel ddp|fsdp] [key=value ...]
-    torchrun --nproc_per_node 8 -m t2mlr train CONFIG.yaml --out runs/x --parallel fsdp
-    t2mlr plot runs/x [--out curves.png]
-    t2mlr tokenize corpus.jsonl data/train.npy --tokenizer HuggingFaceTB/SmolLM2-135M
-
-CONFIG is a YAML path or a preset name from configs/ (e.g. `debug`). Overrides are dotted keys,
-`optim.lr=1e-3 model.l_start=9`; they may also follow the options (see `_accept_trailing_overrides`).
-Handlers return a process exit code: 0 done, 1 training stopped (non-finite loss), 2 bad input.
-"""
+"""The `train`, `plot` and `tokenize` commands (each part of the library registers its own commands
+into the `t2mlr` parser with `register`). Handlers return the exit code their help documents."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import types
 from collections.abc import Sequence
@@ -22,17 +14,48 @@ from typing import Any
 log = logging.getLogger("t2mlr.training")
 
 
+TRAIN_DESCRIPTION = """\
+Train a model from a YAML config or a preset (`debug`, `smollm2_135m_13_18`, ...: see configs/).
+
+examples:
+  t2mlr train debug --out runs/debug                       # a tiny model on synthetic data, seconds on a CPU
+  t2mlr train debug --out runs/debug optim.lr=1e-3 model.l_start=3
+  t2mlr train debug --out runs/debug --stop-after 20       # stop early; the schedule is unchanged
+  t2mlr train debug --out runs/debug --resume              # ... and continue exactly where it stopped
+  torchrun --nproc_per_node 8 -m t2mlr train smollm2_135m_13_18 --out runs/x --parallel fsdp
+
+Overrides are dotted `key=value` pairs, before or after the options; every key is checked and a
+misspelt one fails before anything is built. The run directory gets config.yaml, train.log,
+metrics.jsonl, checkpoints/step_N (each loads with from_pretrained, `t2mlr generate`, `t2mlr eval`)
+and, when training finishes, final/ (weights, config and tokenizer only).
+
+CPU threads: by default the cores that are not busy when the run starts (available cores minus the
+1-minute load average, at least 1): on a shared machine more threads than free cores make every
+step wait. A resumed run reuses the count it ran with; --threads sets it.
+
+exit codes: 0 done or stopped as asked, 1 training stopped on a non-finite loss (the last good
+checkpoint is kept), 2 bad input (config, data, checkpoint, or a resume that would change the run)."""
+
+
 def register(subparsers: Any) -> None:
     """Add `train`, `plot` and `tokenize` to an `argparse` subparsers object; each sets `func` to its handler."""
-    train = subparsers.add_parser("train", help="train a T²MLR model from a YAML config or preset",
-                                  description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    train = subparsers.add_parser("train", help="train a model from a YAML config or preset",
+                                  description=TRAIN_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     train.add_argument("config", help="YAML config path or preset name (configs/<name>.yaml)")
     train.add_argument("overrides", nargs="*", default=[], help="dotted key=value overrides, e.g. optim.lr=1e-3")
     train.add_argument("--out", required=True, help="run directory (checkpoints, metrics.jsonl, train.log)")
-    train.add_argument("--max-steps", type=int, default=None, help="set train.max_steps")
-    train.add_argument("--resume", action="store_true", help="continue from the run directory's latest checkpoint")
+    train.add_argument("--max-steps", type=int, default=None,
+                       help="set train.max_steps (the run's length and its schedule's; to stop early use --stop-after)")
+    train.add_argument("--stop-after", type=int, default=None, metavar="N",
+                       help="stop after step N with a checkpoint, leaving the schedule as configured")
+    train.add_argument("--resume", action="store_true",
+                       help="continue from the run directory's newest checkpoint that verifies")
+    train.add_argument("--allow-config-change", action="store_true",
+                       help="resume even though the configuration differs from the recorded one")
     train.add_argument("--parallel", choices=("none", "ddp", "fsdp"), default=None,
                        help="data parallelism under torchrun (sets train.parallel)")
+    train.add_argument("--threads", type=int, default=None, metavar="N",
+                       help="torch CPU threads (default: the free cores, or the resumed run's count)")
     train.set_defaults(func=run_train)
     _accept_trailing_overrides(train)
 
@@ -91,8 +114,14 @@ def run_train(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"t2mlr train: config error: {err}", file=sys.stderr)
         return 2
+    for flag, value in (("--stop-after", args.stop_after), ("--threads", args.threads)):
+        if value is not None and value < 1:
+            print(f"t2mlr train: {flag} must be >= 1, got {value}", file=sys.stderr)
+            return 2
+    torch_set_threads(choose_threads(args.threads, args.out if args.resume else None))
     try:
-        result = train(cfg, args.out, resume=args.resume)
+        result = train(cfg, args.out, resume=args.resume, stop_after=args.stop_after,
+                       allow_config_change=args.allow_config_change)
     except NonFiniteLossError as err:
         print(f"t2mlr train: stopped: {err}", file=sys.stderr)
         return 1
@@ -101,6 +130,29 @@ def run_train(args: argparse.Namespace) -> int:
         return 2
     log.info("done at step %d; last checkpoint: %s", result.step, result.last_checkpoint)
     return 0
+
+
+def choose_threads(requested: int | None, resumed_run: str | None) -> tuple[int, str]:
+    """The CPU thread count and why: --threads, else the resumed run's recorded count, else the free cores
+    (shared among the processes torchrun starts on this machine)."""
+    from t2mlr.training.checkpoint import recorded_threads
+    from t2mlr.utils import free_cores
+
+    if requested is not None:
+        return requested, "--threads"
+    recorded = recorded_threads(resumed_run) if resumed_run is not None else None
+    if recorded is not None:
+        return recorded, "the count the resumed run used"
+    local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return max(1, free_cores() // local_processes), "the cores not busy at start-up"
+
+
+def torch_set_threads(choice: tuple[int, str]) -> None:
+    import torch
+
+    threads, why = choice
+    torch.set_num_threads(threads)
+    log.info("torch CPU threads: %d (%s)", threads, why)
 
 
 def run_tokenize(args: argparse.Namespace) -> int:

@@ -5,10 +5,13 @@ the global number of scored tokens. Each micro-batch's mean loss is re-weighted 
 global token count, so gradient accumulation and any number of ranks give the same update as one
 process holding the whole batch (up to float summation order).
 
-Exact resume: the data position is the step count (the sampler is a pure function of it), the
-DataLoader draws from its own generator instead of the global RNG, evaluation runs inside
-`fork_rng`, and a checkpoint stores every generator state after the step it records. A run resumed
-from step k therefore replays steps k+1.. bit for bit on the same hardware.
+Exact resume by construction: the data position is the step count (the sampler is a pure function
+of it), the DataLoader draws from its own generator instead of the global RNG, evaluation runs inside
+`fork_rng`, and a checkpoint stores every generator state after the step it records. The learning-rate
+schedule's length comes from the run's recorded configuration: a resume whose configuration differs
+in anything that changes the result (the schedule's length included) is refused, naming the keys,
+unless explicitly allowed. Stopping early (`stop_after`) does not touch the configuration. A run
+resumed from step k therefore replays steps k+1.. bit for bit on the same hardware.
 """
 
 from __future__ import annotations
@@ -27,24 +30,38 @@ import torch
 import yaml
 from tqdm.auto import tqdm
 
+from t2mlr.model import is_t2mlr
+from t2mlr.model.remote_code import write_remote_code_modules
 from t2mlr.training import distributed as dist_utils
-from t2mlr.training.checkpoint import CheckpointManager, TrainerState
-from t2mlr.training.config import ConfigError, TrainConfig, save_config, to_plain
+from t2mlr.training.checkpoint import CheckpointManager, TrainerState, export_model_dir
+from t2mlr.training.config import ConfigError, DataConfig, TrainConfig, save_config, to_plain
 from t2mlr.training.data import (
-    Collator, ResumableBatchSampler, StepBatches, build_dataset, count_targets, eval_batches, labels_aligned,
+    Collator,
+    ResumableBatchSampler,
+    StepBatches,
+    build_dataset,
+    count_targets,
+    eval_batches,
+    labels_aligned,
 )
 from t2mlr.training.distributed import DistEnv
 from t2mlr.training.metrics import MetricsWriter, setup_logging
-from t2mlr.model import is_t2mlr
 from t2mlr.training.model_factory import (
-    RECURRENCE_ONLY_INPUTS, build_model, decoder_layers, describe_path, gate_values, middle_indices,
+    RECURRENCE_ONLY_INPUTS,
+    build_model,
+    decoder_layers,
+    describe_path,
+    gate_values,
+    middle_indices,
 )
 from t2mlr.training.optim import build_optimizer, build_scheduler, lr_multiplier
+from t2mlr.utils import load_tokenizer
 
 log = logging.getLogger("t2mlr.training")
 
 CONFIG_FILE = "config.yaml"
 CHECKPOINT_DIR = "checkpoints"
+FINAL_DIR = "final"  # the finished run's model directory: weights, config and tokenizer
 
 
 class NonFiniteLossError(RuntimeError):
@@ -85,10 +102,13 @@ def _mean_iterations(values: list[int | None]) -> float | None:
 class Trainer:
     """Owns the model, optimizer, data and checkpoints of one run. `train()` runs the loop."""
 
-    def __init__(self, cfg: TrainConfig, out_dir: str | Path, resume: bool = False) -> None:
+    def __init__(
+        self, cfg: TrainConfig, out_dir: str | Path, resume: bool = False, allow_config_change: bool = False,
+    ) -> None:
         self.cfg = cfg
         self.out_dir = Path(out_dir)
         self.resume = resume
+        self.allow_config_change = allow_config_change
         self.env = dist_utils.init_distributed(cfg.train.parallel, cfg.train.device)
         if self.env.is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -141,6 +161,7 @@ class Trainer:
     def _build_data(self) -> None:
         cfg = self.cfg
         self.train_set = build_dataset(cfg.data)
+        self.tokenizer = run_tokenizer(self.train_set, cfg.data)
         self.collator = Collator(cfg.data.pad_token_id, labels_aligned(self.train_set, cfg.data))
         self.eval_data: list[dict[str, torch.Tensor]] = []
         if cfg.eval.every > 0 and cfg.eval.data is not None:
@@ -157,19 +178,21 @@ class Trainer:
         )
 
     def _start_or_resume(self) -> None:
-        latest = self.checkpoints.latest()
-        if latest is not None and not self.resume:
+        existing = self.checkpoints.latest()
+        if existing is not None and not self.resume:
             raise FileExistsError(
-                f"{self.out_dir} already holds checkpoints (latest: {latest.name}); pass --resume to continue "
+                f"{self.out_dir} already holds checkpoints (newest: {existing.name}); pass --resume to continue "
                 "it or choose another --out"
             )
-        if self.resume and latest is not None:
+        found = None
+        if self.resume:
             self._check_config_against_saved()
-            state = self.checkpoints.load(latest, self.wrapped, self.optimizer, self.scheduler)
+            found = self.checkpoints.resume(self.wrapped, self.optimizer, self.scheduler)
+        if found is not None:
+            self.last_checkpoint, state = found
             self.step, self.tokens_seen = state.step, state.tokens_seen
-            self.last_checkpoint = latest
             self.metrics.truncate_after(self.step)
-            log.info("resumed from %s (step %d, %d tokens seen)", latest, self.step, self.tokens_seen)
+            log.info("resumed from %s (step %d, %d tokens seen)", self.last_checkpoint, self.step, self.tokens_seen)
         else:
             if self.resume:
                 log.info("--resume: no checkpoint in %s yet, starting from step 0", self.out_dir)
@@ -179,15 +202,23 @@ class Trainer:
         self._log_setup()
 
     def _check_config_against_saved(self) -> None:
-        """Warn about settings that changed since the run was started (max_steps changes are expected)."""
+        """Refuse to continue a run under a configuration that would change its result."""
         path = self.out_dir / CONFIG_FILE
         if not path.is_file():
             return
-        saved = yaml.safe_load(path.read_text(encoding="utf-8"))
-        current = to_plain(self.cfg)
-        for key in sorted(_diff_keys(saved, current)):
-            if key != "train.max_steps":
-                log.warning("config changed since the run started: %s", key)
+        changes = result_changing_differences(yaml.safe_load(path.read_text(encoding="utf-8")), self.cfg)
+        if not changes:
+            return
+        listing = "\n  ".join(changes)
+        if self.allow_config_change:
+            log.warning("resuming with a changed configuration (allowed); the result will differ from an "
+                        "uninterrupted run:\n  %s", listing)
+            return
+        raise ResumeMismatchError(
+            f"{self.out_dir} was started with a different configuration:\n  {listing}\n"
+            "Resume with the recorded configuration (the same config and overrides; stop early with --stop-after, "
+            "which leaves the schedule alone), or pass --allow-config-change to continue anyway."
+        )
 
     def _log_setup(self) -> None:
         t, env = self.cfg.train, self.env
@@ -207,16 +238,21 @@ class Trainer:
                  self.cfg.schedule.kind, self.cfg.horizon(), self.cfg.schedule.warmup_steps, t.max_steps)
 
     # ------------------------------------------------------------------------------------ loop
-    def train(self) -> TrainResult:
-        """Run until train.max_steps. Raises NonFiniteLossError (after logging it) on NaN/inf."""
+    def train(self, stop_after: int | None = None) -> TrainResult:
+        """Run until train.max_steps, or stop (with a checkpoint) once `stop_after` steps are done; the
+        schedule stays the one of train.max_steps, so `--resume` continues exactly. Raises
+        NonFiniteLossError (after logging it) on NaN/inf."""
         cfg = self.cfg
+        if stop_after is not None and stop_after < 1:
+            raise ValueError(f"stop_after must be >= 1, got {stop_after}")
+        end = cfg.train.max_steps if stop_after is None else min(stop_after, cfg.train.max_steps)
         result = TrainResult(self.out_dir, self.step, last_checkpoint=self.last_checkpoint)
         show = self.env.is_main and cfg.logging.progress_bar
         bar = tqdm(total=cfg.train.max_steps, initial=self.step, disable=not show, dynamic_ncols=True,
                    desc=cfg.logging.progress_label or None, position=cfg.logging.progress_line)
         self.wrapped.train()
         try:
-            while self.step < cfg.train.max_steps:
+            while self.step < end:
                 started = time.perf_counter()
                 stats = self.train_step(next(self.batches))
                 elapsed = time.perf_counter() - started
@@ -227,8 +263,14 @@ class Trainer:
         finally:
             bar.close()
             self.metrics.close()
-        if cfg.checkpoint.save_final and self.last_checkpoint_step() != self.step:
+        finished = self.step >= cfg.train.max_steps
+        if (cfg.checkpoint.save_final or not finished) and self.last_checkpoint_step() != self.step:
             self.save_checkpoint()
+        if finished and cfg.checkpoint.save_final and self.env.is_main:
+            export_model_dir(self.last_checkpoint, self.out_dir / FINAL_DIR)
+            log.info("model ready: %s (t2mlr generate / t2mlr eval / from_pretrained)", self.out_dir / FINAL_DIR)
+        elif not finished:
+            log.info("stopped after step %d of %d; continue with --resume", self.step, cfg.train.max_steps)
         result.step, result.last_checkpoint = self.step, self.last_checkpoint
         return result
 
@@ -352,15 +394,24 @@ class Trainer:
     # ------------------------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> Path:
         state = TrainerState(step=self.step, tokens_seen=self.tokens_seen, world_size=self.env.world_size,
-                             global_batch_size=self.cfg.train.global_batch_size)
+                             global_batch_size=self.cfg.train.global_batch_size, torch_threads=torch.get_num_threads())
         extra = {CONFIG_FILE: yaml.safe_dump(self.cfg.to_dict(), sort_keys=False)}
         model_config = getattr(self.model, "config", None)
         if model_config is not None:  # config.json + model.safetensors: `from_pretrained(checkpoint_dir)` works
             extra["config.json"] = model_config.to_json_string()
-        path = self.checkpoints.save(self.wrapped, self.optimizer, self.scheduler, state, extra_files=extra)
+        path = self.checkpoints.save(self.wrapped, self.optimizer, self.scheduler, state, extra_files=extra,
+                                     write_extra=self._write_model_files)
         self.last_checkpoint = path
         log.info("step %d: checkpoint %s", self.step, path)
         return path
+
+    def _write_model_files(self, directory: Path) -> None:
+        """What loading the checkpoint as a model needs beyond weights and config: the tokenizer, and the
+        small modules that let transformers find T²MLR without `import t2mlr` (trust_remote_code)."""
+        if self.tokenizer is not None:
+            self.tokenizer.save_pretrained(str(directory))
+        if self.recurrent:
+            write_remote_code_modules(directory)
 
     def last_checkpoint_step(self) -> int | None:
         if self.last_checkpoint is None:
@@ -377,6 +428,45 @@ def _check_batch_split(cfg: TrainConfig, env: DistEnv) -> None:
         )
 
 
+def run_tokenizer(dataset: Any, data: DataConfig) -> Any:
+    """The run's tokenizer, saved with every checkpoint: the dataset's own (S5, synthetic) or the one
+    data.tokenizer names; None when the data are token ids only."""
+    tokenizer = getattr(dataset, "tokenizer", None)
+    if tokenizer is None and data.tokenizer:
+        tokenizer = load_tokenizer(data.tokenizer)
+    return tokenizer
+
+
+class ResumeMismatchError(ConfigError):
+    """A resume under a configuration that would change the run's result."""
+
+
+RESULT_NEUTRAL = ("logging", "checkpoint", "eval", "data.num_workers", "train.max_steps", "schedule.total_steps")
+
+
+def result_changing_differences(saved: dict[str, Any], cfg: TrainConfig) -> list[str]:
+    """`key: saved → current` for every setting that would make a resumed run differ from an
+    uninterrupted one. Logging, checkpointing and evaluation do not change the training result;
+    train.max_steps and schedule.total_steps matter through the schedule's length only."""
+    current = to_plain(cfg)
+    changes = [
+        f"{key}: {_lookup(saved, key)!r} → {_lookup(current, key)!r}"
+        for key in sorted(_diff_keys(saved, current))
+        if not any(key == n or key.startswith(n + ".") for n in RESULT_NEUTRAL)
+    ]
+    saved_total = _lookup(saved, "schedule.total_steps") or _lookup(saved, "train.max_steps")
+    if saved_total != cfg.horizon():
+        changes.append(f"the schedule's length: {saved_total} → {cfg.horizon()} steps (train.max_steps, "
+                       "schedule.total_steps)")
+    return changes
+
+
+def _lookup(tree: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        tree = tree.get(part) if isinstance(tree, dict) else None
+    return tree
+
+
 def _diff_keys(a: Any, b: Any, prefix: str = "") -> set[str]:
     if isinstance(a, dict) and isinstance(b, dict):
         keys: set[str] = set()
@@ -390,13 +480,17 @@ def _format(metrics: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())
 
 
-def train(cfg: TrainConfig, out_dir: str | Path, resume: bool = False) -> TrainResult:
-    """Build a Trainer and run it. A process group this call created is left again, also on errors."""
+def train(
+    cfg: TrainConfig, out_dir: str | Path, resume: bool = False, stop_after: int | None = None,
+    allow_config_change: bool = False,
+) -> TrainResult:
+    """Build a Trainer and run it (see `Trainer.train` for `stop_after`). A process group this call
+    created is left again, also on errors."""
     import torch.distributed as dist
 
     owns_group = not (dist.is_available() and dist.is_initialized())
     try:
-        return Trainer(cfg, out_dir, resume=resume).train()
+        return Trainer(cfg, out_dir, resume=resume, allow_config_change=allow_config_change).train(stop_after)
     finally:
         if owns_group:
             dist_utils.shutdown_distributed()
