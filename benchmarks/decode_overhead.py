@@ -36,7 +36,7 @@ from t2mlr import T2MLRConfig, T2MLRForCausalLM
 from t2mlr.analysis.benchmarking import machine_info, median_ratio, paired_times, parse_int_list, parse_placements, print_report
 from t2mlr.baselines.matching import count_parameters, matched_baseline_config
 from t2mlr.model.shapes import smollm2_shaped_config
-from t2mlr.utils import DTYPES, resolve_device
+from t2mlr.utils import DTYPES, resolve_device, resolve_dtype
 
 
 PAPER_PLACEMENTS = "1-30,5-26,9-22"
@@ -50,7 +50,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--placements", default=PAPER_PLACEMENTS, help="l_start-l_end pairs, 1-based (default: %(default)s)")
     p.add_argument("--hidden", type=int, default=576, help="model width; 576 is SmolLM2-135M (default), other "
                    "widths keep its proportions")
-    p.add_argument("--dtype", default=None, choices=sorted(DTYPES), help="default: bfloat16 on CUDA, float32 on CPU")
+    p.add_argument("--dtype", default=None, choices=DTYPES, help="default: bfloat16 on CUDA, float32 on CPU")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: 1 on CPU, see the docstring)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="smoke run: placement 5-26, 32 tokens, 3 pairs")
@@ -61,7 +61,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.placements, args.lengths, args.repeats = "5-26", args.lengths or "32", 3
     args.lengths = parse_int_list(args.lengths or ("512,1024,2048" if cuda else "64,128,256"))
     args.placements = parse_placements(args.placements)
-    args.dtype = DTYPES[args.dtype or ("bfloat16" if cuda else "float32")]
+    args.dtype = resolve_dtype(args.dtype or ("bfloat16" if cuda else "float32"))
     if args.repeats < 1:
         p.error("--repeats must be >= 1")
     return args

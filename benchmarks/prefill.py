@@ -49,7 +49,7 @@ import torch
 from t2mlr import T2MLRCache, T2MLRConfig, T2MLRForCausalLM
 from t2mlr.analysis.benchmarking import machine_info, parse_int_list, parse_placements, print_report, text_rows, timed
 from t2mlr.model.shapes import smollm2_shaped_config
-from t2mlr.utils import DTYPES, resolve_device
+from t2mlr.utils import DTYPES, resolve_device, resolve_dtype
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -61,7 +61,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--hidden", default="576", help="model widths, SmolLM2-135M proportions (default: %(default)s)")
     p.add_argument("--tols", default="", help="jacobi_tol values, each a variant at the largest depth (e.g. 1e-4)")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--dtype", default=None, choices=sorted(DTYPES), help="default: bfloat16 on CUDA, float32 on CPU")
+    p.add_argument("--dtype", default=None, choices=DTYPES, help="default: bfloat16 on CUDA, float32 on CPU")
     p.add_argument("--fusion-scale", type=float, default=1.0, help="multiplies the random fusion weights")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: 1 on CPU, see the docstring)")
     p.add_argument("--seed", type=int, default=0)
@@ -77,7 +77,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.tols = [float(t) for t in args.tols.split(",") if t.strip()]
     args.placements = parse_placements(args.placements)
     args.hidden = parse_int_list(args.hidden)
-    args.dtype = DTYPES[args.dtype or ("bfloat16" if args.device.type == "cuda" else "float32")]
+    args.dtype = resolve_dtype(args.dtype or ("bfloat16" if args.device.type == "cuda" else "float32"))
     if args.repeats < 1 or args.prompt_length < 2:
         p.error("need --repeats >= 1 and --prompt-length >= 2")
     if args.checkpoint and (args.data is None or args.tokenizer is None):

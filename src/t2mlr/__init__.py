@@ -1,15 +1,23 @@
 """t2mlr: Transformer with Temporal Middle-Layer Recurrence on Hugging Face decoders.
 
-Importing the package registers the `t2mlr` model type with `AutoConfig` and
-`AutoModelForCausalLM`, so `AutoModelForCausalLM.from_pretrained(dir)` loads saved T²MLR models.
+The classes load on first use (`from t2mlr import T2MLRForCausalLM`), so `import t2mlr` and the `t2mlr`
+command's help and light commands do not pay for importing torch and transformers. Importing the model
+(`t2mlr.model`, or any class from here) registers the `t2mlr` model type with `AutoConfig` and
+`AutoModelForCausalLM`; saved directories also load without it (`trust_remote_code=True`, see
+`t2mlr.model.remote_code`).
 """
 
-from transformers import AutoConfig, AutoModelForCausalLM
+from __future__ import annotations
 
-from .model import T2MLRCache, T2MLRCausalLMOutput, T2MLRConfig, T2MLRForCausalLM
-
-AutoConfig.register(T2MLRConfig.model_type, T2MLRConfig, exist_ok=True)
-AutoModelForCausalLM.register(T2MLRConfig, T2MLRForCausalLM, exist_ok=True)
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 __all__ = ["T2MLRCache", "T2MLRCausalLMOutput", "T2MLRConfig", "T2MLRForCausalLM", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    """Load the model classes on first access (PEP 562)."""
+    if name in __all__:
+        return getattr(importlib.import_module("t2mlr.model"), name)
+    raise AttributeError(f"module 't2mlr' has no attribute {name!r}")

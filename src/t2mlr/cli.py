@@ -1,7 +1,9 @@
 """The `t2mlr` command line: one subcommand per part of the library.
 
 Each part registers its own subcommands (`register(subparsers)` in its `commands` module), so the CLI
-stays a thin dispatcher and every command's code lives beside what it drives.
+stays a thin dispatcher and every command's code lives beside what it drives. Only the module of the
+command being run is imported: `t2mlr --help` and the light commands start without loading torch and
+transformers (seconds on a small machine).
 """
 
 from __future__ import annotations
@@ -9,31 +11,60 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from collections.abc import Sequence
 
-COMMAND_MODULES = (
-    "t2mlr.tasks.commands",  # data
-    "t2mlr.training.commands",  # train, plot
-    "t2mlr.generation.commands",  # generate
-    "t2mlr.evaluation.commands",  # eval
-    "t2mlr.experiments.parameter_counts",  # params
-    "t2mlr.experiments.commands",  # experiment
-)
+# command -> (module whose `register` adds it, one-line help shown by `t2mlr --help`)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "data": ("t2mlr.tasks.commands", "generate the synthetic task datasets (S5-Retrieval, variable assignment, ProsQA-Hard)"),
+    "train": ("t2mlr.training.commands", "train a model from a YAML config or preset"),
+    "plot": ("t2mlr.training.commands", "plot a run's loss and fusion-gate curves"),
+    "tokenize": ("t2mlr.training.commands", "tokenize a jsonl corpus into a token file for pretraining"),
+    "generate": ("t2mlr.generation.commands", "generate text from a saved model, streaming tokens"),
+    "eval": ("t2mlr.evaluation.commands", "evaluate with lm-evaluation-harness (the t2mlr model registered)"),
+    "params": ("t2mlr.experiments.parameter_counts", "parameter counts of T²MLR and its matched baselines"),
+    "experiment": ("t2mlr.experiments.commands", "run a paper experiment end to end"),
+}
+DESCRIPTION = "T²MLR: Transformer with Temporal Middle-Layer Recurrence. `t2mlr COMMAND --help` explains a command."
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="t2mlr", description="T²MLR: Transformer with Temporal Middle-Layer Recurrence"
-    )
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser with every command's full arguments (`command=None`), or with the full arguments of one
+    command and a one-line entry for each other."""
+    parser = argparse.ArgumentParser(prog="t2mlr", description=DESCRIPTION)
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(subparsers)
+    modules = {module for module, _ in COMMANDS.values()} if command is None else {COMMANDS[command][0]}
+    for module in sorted(modules):
+        importlib.import_module(module).register(subparsers)
+    registered = set(subparsers.choices)
+    for name, (_, summary) in COMMANDS.items():
+        if name not in registered:
+            subparsers.add_parser(name, help=summary)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    result = args.func(args)
-    return int(result or 0)
+def _command_of(argv: Sequence[str]) -> str | None:
+    """The command word of argv, if it names one (options before it are the top-level parser's)."""
+    for word in argv:
+        if not word.startswith("-"):
+            return word if word in COMMANDS else None
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = _command_of(argv)
+    parser = build_parser(command) if command is not None else _summary_parser()
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+def _summary_parser() -> argparse.ArgumentParser:
+    """`t2mlr --help` and mistyped commands: every command with its one-line help, nothing imported."""
+    parser = argparse.ArgumentParser(prog="t2mlr", description=DESCRIPTION)
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (_, summary) in COMMANDS.items():
+        subparsers.add_parser(name, help=summary)
+    return parser
 
 
 if __name__ == "__main__":

@@ -22,13 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch and transformers load where they are used: the CLI starts without them
+    import torch
     from transformers import PreTrainedTokenizerBase
 
 IGNORE_INDEX = -100
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = ("float32", "bfloat16", "float16")  # the floating dtypes a user may name
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "vocab.txt")
 
 
@@ -36,8 +35,10 @@ class TokenizerNotFoundError(ValueError):
     """A tokenizer was asked for where none can be loaded."""
 
 
-def resolve_device(device: str | torch.device) -> torch.device:
+def resolve_device(device: "str | torch.device") -> "torch.device":
     """"auto" picks CUDA when it is available, else the CPU; anything else is passed to torch as is."""
+    import torch
+
     if isinstance(device, torch.device):
         return device
     if device == "auto":
@@ -48,13 +49,15 @@ def resolve_device(device: str | torch.device) -> torch.device:
     return resolved
 
 
-def resolve_dtype(dtype: str) -> torch.dtype | str:
-    """"auto" keeps the dtype a checkpoint was saved in; otherwise one of `DTYPES`."""
+def resolve_dtype(dtype: str) -> "torch.dtype | str":
+    """"auto" keeps the dtype a checkpoint was saved in; otherwise one of `DTYPES` as a torch dtype."""
+    import torch
+
     if dtype == "auto":
         return "auto"
     if dtype not in DTYPES:
-        raise ValueError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {dtype!r}")
-    return DTYPES[dtype]
+        raise ValueError(f"dtype must be 'auto' or one of {list(DTYPES)}, got {dtype!r}")
+    return getattr(torch, dtype)
 
 
 def load_tokenizer(source: str | Path) -> "PreTrainedTokenizerBase":

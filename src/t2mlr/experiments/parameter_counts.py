@@ -14,15 +14,17 @@ import argparse
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from t2mlr.baselines.matching import MatchedSet, matched_models
-from t2mlr.model import T2MLRConfig
-from t2mlr.model.shapes import smollm2_135m_t2mlr_config
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the heavy imports happen when the command runs, not when the CLI starts
+    from t2mlr.baselines.matching import MatchedSet
+    from t2mlr.model import T2MLRConfig
 
 __all__ = ["PARAM_PRESETS", "main", "register"]
 
 
-def _s5_config(name: str) -> Callable[[], T2MLRConfig]:
-    def build() -> T2MLRConfig:
+def _s5_config(name: str) -> Callable[[], "T2MLRConfig"]:
+    def build() -> "T2MLRConfig":
         from t2mlr.experiments.s5_presets import get_preset, t2mlr_config
         from t2mlr.tasks.tokenizers import build_s5_tokenizer
 
@@ -32,15 +34,21 @@ def _s5_config(name: str) -> Callable[[], T2MLRConfig]:
     return build
 
 
-PARAM_PRESETS: dict[str, Callable[[], T2MLRConfig]] = {
+def _smollm2_135m() -> "T2MLRConfig":
+    from t2mlr.model.shapes import smollm2_135m_t2mlr_config
+
+    return smollm2_135m_t2mlr_config()
+
+
+PARAM_PRESETS: dict[str, Callable[[], "T2MLRConfig"]] = {
     "s5-tiny": _s5_config("tiny"),
     "s5-cpu": _s5_config("cpu"),
     "s5-paper": _s5_config("paper"),
-    "smollm2-135m": smollm2_135m_t2mlr_config,
+    "smollm2-135m": _smollm2_135m,
 }
 
 
-def format_table(name: str, matched: MatchedSet) -> str:
+def format_table(name: str, matched: "MatchedSet") -> str:
     """A plain-text table: model, hidden size, parameters, ratio to T²MLR."""
     cfg = matched.t2mlr
     lines = [f"{name}: T²MLR({cfg.l_start},{cfg.l_end}) on {cfg.num_layers} blocks, vocab {cfg.vocab_size}"]
@@ -51,6 +59,8 @@ def format_table(name: str, matched: MatchedSet) -> str:
 
 
 def run_params(args: argparse.Namespace) -> int:
+    from t2mlr.baselines.matching import matched_models
+
     names = list(PARAM_PRESETS) if args.preset == "all" else [args.preset]
     tables = [format_table(name, matched_models(PARAM_PRESETS[name]())) for name in names]
     print("\n\n".join(tables))

@@ -14,11 +14,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from transformers import TextStreamer
+from typing import TYPE_CHECKING
 
-from t2mlr.generation.loading import ModelDirectoryError, check_model_dir, load_model
-from t2mlr.generation.text import PREFILL_PATHS, GenerationSettings, generate_text
-from t2mlr.utils import DTYPES, load_tokenizer
+from t2mlr.utils import DTYPES
+
+if TYPE_CHECKING:  # loaded when the command runs: the CLI starts without torch and transformers
+    from t2mlr.generation.text import GenerationSettings
+
+PREFILL_CHOICES = ("exact", "jacobi")  # t2mlr.model.generation.PREFILL_PATHS; checked again when the model runs
 
 __all__ = ["add_arguments", "register", "run_generate"]
 
@@ -29,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument(
         "--prefill",
-        choices=PREFILL_PATHS,
+        choices=PREFILL_CHOICES,
         default="exact",
         help="forward path over the prompt: exact (token by token, the definition) or jacobi (parallel, approximate)",
     )
@@ -61,7 +64,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     return parser
 
 
-def settings_from_args(args: argparse.Namespace) -> GenerationSettings:
+def settings_from_args(args: argparse.Namespace) -> "GenerationSettings":
+    from t2mlr.generation.text import GenerationSettings
+
     settings = GenerationSettings(
         max_new_tokens=args.max_new_tokens,
         prefill=args.prefill,
@@ -79,6 +84,12 @@ def settings_from_args(args: argparse.Namespace) -> GenerationSettings:
 
 def run_generate(args: argparse.Namespace) -> int:
     """Load, generate with streaming, end with a newline. Setup problems exit with code 2 and one line."""
+    from transformers import TextStreamer
+
+    from t2mlr.generation.loading import ModelDirectoryError, check_model_dir, load_model
+    from t2mlr.generation.text import generate_text
+    from t2mlr.utils import load_tokenizer
+
     try:
         settings = settings_from_args(args)
         tokenizer = load_tokenizer(check_model_dir(args.model_dir))

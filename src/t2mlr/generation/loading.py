@@ -11,7 +11,7 @@ from pathlib import Path
 
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-import t2mlr  # noqa: F401  (registers the "t2mlr" model type with the Auto classes)
+import t2mlr.model  # noqa: F401  (registers the "t2mlr" model type with the Auto classes)
 from t2mlr.utils import resolve_device, resolve_dtype
 
 __all__ = ["ModelDirectoryError", "check_model_dir", "load_model"]

@@ -1,0 +1,36 @@
+"""The `t2mlr` dispatcher: every listed command exists in its module, and the help starts without
+importing torch or transformers (only the chosen command's module is imported)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from t2mlr.cli import COMMANDS, build_parser, main
+
+
+def test_every_listed_command_is_registered_by_its_module() -> None:
+    parser = build_parser()
+    choices = parser._subparsers._group_actions[0].choices  # the COMMAND subparsers
+    assert set(choices) == set(COMMANDS)
+    for name in COMMANDS:
+        assert choices[name].get_default("func") is not None, name
+
+
+def test_top_level_help_imports_neither_torch_nor_transformers() -> None:
+    probe = (
+        "import sys\nfrom t2mlr.cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print('LOADED', sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert "experiment" in out and "LOADED []" in out
+
+
+def test_an_unknown_command_is_a_usage_error(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["trian"])
+    assert exit_info.value.code == 2
+    assert "invalid choice: 'trian'" in capsys.readouterr().err
