@@ -16,7 +16,15 @@ def test_every_listed_command_is_registered_by_its_module() -> None:
     choices = parser._subparsers._group_actions[0].choices  # the COMMAND subparsers
     assert set(choices) == set(COMMANDS)
     for name in COMMANDS:
-        assert choices[name].get_default("func") is not None, name
+        assert runnable(choices[name]), name
+
+
+def runnable(parser) -> bool:
+    """A parser that runs something, or a group whose every subcommand does."""
+    if parser.get_default("func") is not None:
+        return True
+    groups = [action for action in parser._actions if action.__class__.__name__ == "_SubParsersAction"]
+    return bool(groups) and all(runnable(sub) for group in groups for sub in group.choices.values())
 
 
 def test_top_level_help_imports_neither_torch_nor_transformers() -> None:
