@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import VOCAB, random_ids, tiny_base_config
 from transformers import AutoModelForCausalLM
 
 import t2mlr.baselines  # noqa: F401  (registers the baseline model types)
-from conftest import VOCAB, random_ids, tiny_base_config
 from t2mlr.baselines import (
     PauseCache,
     PauseConfig,

@@ -64,7 +64,8 @@ def _smallest_matching(
 def matched_looped_config(t2mlr_config: PretrainedConfig, loop_start: int, loop_end: int, loops: int) -> LoopedConfig:
     """The looped baseline (blocks loop_start..loop_end, 1-based inclusive, run `loops` times) on the T²MLR
     backbone widened to match T²MLR's parameter count."""
-    LoopedConfig.from_base(t2mlr_config.base_config, loop_start, loop_end, loops)  # bad loop fields fail before the search
+    # bad loop fields fail here, before the width search
+    LoopedConfig.from_base(t2mlr_config.base_config, loop_start, loop_end, loops)
     return _smallest_matching(
         t2mlr_config, lambda base: LoopedConfig.from_base(base, loop_start, loop_end, loops), looped_parameter_count
     )
@@ -73,7 +74,7 @@ def matched_looped_config(t2mlr_config: PretrainedConfig, loop_start: int, loop_
 def matched_pause_config(t2mlr_config: PretrainedConfig, pauses: int) -> PauseConfig:
     """The pause-token baseline (`pauses` pauses after every token) on the T²MLR backbone widened to match
     T²MLR's parameter count (the pause embeddings included)."""
-    PauseConfig.from_base(t2mlr_config.base_config, pauses)  # bad pause fields fail before the search
+    PauseConfig.from_base(t2mlr_config.base_config, pauses)  # bad pause fields fail before the width search
     return _smallest_matching(t2mlr_config, lambda base: PauseConfig.from_base(base, pauses), pause_parameter_count)
 
 

@@ -62,7 +62,8 @@ def check_supported_base(base_config: PretrainedConfig, model_name: str) -> None
     model_type = getattr(base_config, "model_type", None)
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(
-            f"the {model_name} cannot wrap base model type {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+            f"the {model_name} cannot wrap base model type {model_type!r}; "
+            f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
         )
 
 
@@ -71,7 +72,9 @@ def check_positive_int(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be an int >= 1, got {value!r}")
 
 
-def build_base_model(base_config: PretrainedConfig, attn_implementation: str | None, model_name: str) -> PreTrainedModel:
+def build_base_model(
+    base_config: PretrainedConfig, attn_implementation: str | None, model_name: str
+) -> PreTrainedModel:
     """A freshly initialised base `*ForCausalLM`, checked to expose the parts the wrapper drives."""
     base = AutoModelForCausalLM.from_config(base_config, attn_implementation=attn_implementation)
     check_wrappable(base, model_name)
@@ -88,7 +91,9 @@ def check_wrappable(base: PreTrainedModel, model_name: str) -> None:
         )
 
 
-def wrap_pretrained(model_cls: type[PreTrainedModel], config: PretrainedConfig, base: PreTrainedModel) -> PreTrainedModel:
+def wrap_pretrained(
+    model_cls: type[PreTrainedModel], config: PretrainedConfig, base: PreTrainedModel
+) -> PreTrainedModel:
     """`model_cls(config, base_model=base)` with the base weights exactly as they were: `post_init` may
     re-initialise modules it considers new, so the base state is put back afterwards."""
     check_wrappable(base, model_cls.__name__)

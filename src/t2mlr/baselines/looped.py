@@ -32,7 +32,14 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache, GenerationMixin, PretrainedConfig, PreTrainedModel
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    DynamicCache,
+    GenerationMixin,
+    PretrainedConfig,
+    PreTrainedModel,
+)
 from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, Cache, get_layer_types_and_kwargs
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
@@ -85,8 +92,13 @@ class LoopedConfig(PretrainedConfig):
 
     @classmethod
     def from_base(
-        cls, base_config: PretrainedConfig | dict[str, Any] | str, loop_start: int, loop_end: int, loops: int, **kwargs: Any
-    ) -> "LoopedConfig":
+        cls,
+        base_config: PretrainedConfig | dict[str, Any] | str,
+        loop_start: int,
+        loop_end: int,
+        loops: int,
+        **kwargs: Any,
+    ) -> LoopedConfig:
         """A looped config around a base config (object, dict, or hub id / local path)."""
         if isinstance(base_config, str):
             base_config = AutoConfig.from_pretrained(base_config)
@@ -125,7 +137,7 @@ class LoopedConfig(PretrainedConfig):
 
     def block_schedule(self) -> list[int]:
         """0-based block index of every block application, in execution order (one KV slot each)."""
-        before = list(range(0, self.loop_start - 1))
+        before = list(range(self.loop_start - 1))
         looped = list(range(self.loop_start - 1, self.loop_end)) * self.loops
         after = list(range(self.loop_end, self.num_layers))
         return before + looped + after
@@ -203,7 +215,7 @@ class LoopedForCausalLM(PreTrainedModel, GenerationMixin):
         loop_end: int,
         loops: int,
         load_kwargs: dict[str, Any] | None = None,
-    ) -> "LoopedForCausalLM":
+    ) -> LoopedForCausalLM:
         """A looped model around a base decoder: a model object keeps its weights, a hub id / local path is
         loaded first, a config gives a freshly initialised model."""
         if load_kwargs and not isinstance(base, str):
@@ -288,7 +300,9 @@ class LoopedForCausalLM(PreTrainedModel, GenerationMixin):
             )
         return past_key_values
 
-    def _prepare_cache_for_generation(self, generation_config: Any, model_kwargs: dict, *args: Any, **kwargs: Any) -> None:
+    def _prepare_cache_for_generation(
+        self, generation_config: Any, model_kwargs: dict, *args: Any, **kwargs: Any
+    ) -> None:
         """generate() gets a `LoopedCache`: the default `DynamicCache` it would build has one slot per
         block, not per block application."""
         super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)

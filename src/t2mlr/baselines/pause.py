@@ -53,7 +53,14 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache, GenerationMixin, PretrainedConfig, PreTrainedModel
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    DynamicCache,
+    GenerationMixin,
+    PretrainedConfig,
+    PreTrainedModel,
+)
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from t2mlr.baselines.decoder_parts import (
@@ -105,7 +112,7 @@ class PauseConfig(PretrainedConfig):
             self.validate_pauses()
 
     @classmethod
-    def from_base(cls, base_config: PretrainedConfig | dict[str, Any] | str, pauses: int, **kwargs: Any) -> "PauseConfig":
+    def from_base(cls, base_config: PretrainedConfig | dict[str, Any] | str, pauses: int, **kwargs: Any) -> PauseConfig:
         """A pause config around a base config (object, dict, or hub id / local path)."""
         if isinstance(base_config, str):
             base_config = AutoConfig.from_pretrained(base_config)
@@ -202,7 +209,7 @@ class PauseForCausalLM(PreTrainedModel, GenerationMixin):
         pauses: int,
         load_kwargs: dict[str, Any] | None = None,
         **config_kwargs: Any,
-    ) -> "PauseForCausalLM":
+    ) -> PauseForCausalLM:
         """A pause-token model around a base decoder: a model object keeps its weights (the pause embeddings
         are new), a hub id / local path is loaded first, a config gives a freshly initialised model."""
         if load_kwargs and not isinstance(base, str):
@@ -330,7 +337,9 @@ class PauseForCausalLM(PreTrainedModel, GenerationMixin):
             )
         return extended // self.config.period
 
-    def _prepare_cache_for_generation(self, generation_config: Any, model_kwargs: dict, *args: Any, **kwargs: Any) -> None:
+    def _prepare_cache_for_generation(
+        self, generation_config: Any, model_kwargs: dict, *args: Any, **kwargs: Any
+    ) -> None:
         """generate() gets a `PauseCache`, whose lengths count real tokens as generate() slices inputs by."""
         super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
         cache = model_kwargs.get("past_key_values")
