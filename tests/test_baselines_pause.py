@@ -225,3 +225,15 @@ def test_bad_inputs_raise() -> None:
         model.embed_extended_ids(torch.tensor([[3, VOCAB + 1]]))
     with pytest.raises(ValueError, match="PauseCache"):
         model(input_ids=random_ids(1, 3), past_key_values=PauseCache(pause_model(pauses=2).config))
+
+
+@torch.no_grad()
+def test_packed_documents_do_not_see_each_other() -> None:
+    """The trainer packs documents into one row with position_ids restarting at 0 (no attention mask); the
+    pauses of a document share its positions, so they restart with it."""
+    model = pause_model(pauses=2)
+    first, second = random_ids(1, 4, seed=1), random_ids(1, 5, seed=2)
+    positions = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3, 4]])
+    packed = model(input_ids=torch.cat([first, second], dim=1), position_ids=positions).logits
+    alone = torch.cat([model(input_ids=first).logits, model(input_ids=second).logits], dim=1)
+    torch.testing.assert_close(packed, alone, rtol=0, atol=1e-10)
