@@ -27,7 +27,9 @@ Interface: `input_ids`, `attention_mask`, `position_ids` and `labels` cover real
 seq, vocab), logits[:, t] being read at the last pause after token t. Labels follow the usual causal-LM
 shift (logits[:, t] is scored against labels[:, t+1], -100 ignored), so no loss ever falls on a pause
 position. Pause positions inherit their token's padding bit and get positions p·P + j (p the token's
-position), so left padding is masked out and a row's logits do not depend on its padding.
+position), so left padding is masked out, a row's logits do not depend on its padding, and packed
+documents (positions restarting at 0) keep their pauses inside them. A sliding attention window
+(Mistral) counts interleaved positions, so it spans window / P real tokens.
 
 The LM head has no rows for pause tokens: a pause's output is never scored, so such rows would never be
 trained, and without them the model *cannot* generate a pause token (no sampling trick needed). It also
