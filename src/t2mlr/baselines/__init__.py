@@ -2,31 +2,57 @@
 
 * `MatchedLlamaForCausalLM`: the T²MLR backbone widened until it has at least T²MLR's parameters.
 * `T2MLRLSTMForCausalLM`: a 4-layer LSTM language model (the S5-Retrieval baseline), matched the same way.
-* `matching`: every parameter count and width search (`matched_models(t2mlr_config)` gives both
-  baseline configs and all three counts).
+* `LoopedForCausalLM`: blocks loop_start..loop_end of a decoder run `loops` times per token (full-looped ×2,
+  middle-looped ×3 in the paper); `PauseForCausalLM`: pause tokens after every real token (pause ×2).
+* `matching`: every parameter count and width search (`matched_models(t2mlr_config)` gives the
+  Transformer and LSTM configs and all counts; `matched_looped_config` / `matched_pause_config`).
 
-Importing this package registers the model types with `AutoConfig` and `AutoModelForCausalLM`, so
+Importing this package registers every baseline model type with `AutoConfig` and `AutoModelForCausalLM`, so
 saved baselines load with `AutoModelForCausalLM.from_pretrained(dir)` and the trainer can build them
-from a config dict (`model_type: t2mlr_lstm` / `t2mlr_matched_llama`).
+from a config dict (`model_type: t2mlr_lstm` / `t2mlr_matched_llama` / `t2mlr_looped` / `t2mlr_pause`).
 """
 
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from t2mlr.baselines import matching
+from t2mlr.baselines.baseline_matching import (
+    looped_parameter_count,
+    matched_looped_config,
+    matched_pause_config,
+    paper_looped_and_pause_configs,
+    pause_parameter_count,
+)
+from t2mlr.baselines.looped import LoopedCache, LoopedConfig, LoopedForCausalLM
 from t2mlr.baselines.lstm import T2MLRLSTMConfig, T2MLRLSTMForCausalLM
 from t2mlr.baselines.matching import *  # noqa: F403  (the names listed in matching.__all__)
+from t2mlr.baselines.pause import PauseCache, PauseConfig, PauseForCausalLM
 from t2mlr.baselines.transformer import MatchedLlamaConfig, MatchedLlamaForCausalLM, matched_llama_config
 
-AutoConfig.register(T2MLRLSTMConfig.model_type, T2MLRLSTMConfig, exist_ok=True)
-AutoModelForCausalLM.register(T2MLRLSTMConfig, T2MLRLSTMForCausalLM, exist_ok=True)
-AutoConfig.register(MatchedLlamaConfig.model_type, MatchedLlamaConfig, exist_ok=True)
-AutoModelForCausalLM.register(MatchedLlamaConfig, MatchedLlamaForCausalLM, exist_ok=True)
+for _config, _model in (
+    (T2MLRLSTMConfig, T2MLRLSTMForCausalLM),
+    (MatchedLlamaConfig, MatchedLlamaForCausalLM),
+    (LoopedConfig, LoopedForCausalLM),
+    (PauseConfig, PauseForCausalLM),
+):
+    AutoConfig.register(_config.model_type, _config, exist_ok=True)
+    AutoModelForCausalLM.register(_config, _model, exist_ok=True)
 
 __all__ = [
+    "LoopedCache",
+    "LoopedConfig",
+    "LoopedForCausalLM",
     "MatchedLlamaConfig",
     "MatchedLlamaForCausalLM",
+    "PauseCache",
+    "PauseConfig",
+    "PauseForCausalLM",
     "T2MLRLSTMConfig",
     "T2MLRLSTMForCausalLM",
+    "looped_parameter_count",
     "matched_llama_config",
+    "matched_looped_config",
+    "matched_pause_config",
+    "paper_looped_and_pause_configs",
+    "pause_parameter_count",
     *matching.__all__,
 ]
