@@ -19,7 +19,7 @@ from t2mlr.baselines import (
     transformer_parameter_count,
 )
 from t2mlr.baselines.baseline_matching import looped_parameter_count
-from t2mlr.baselines.commands import smollm2_135m_config
+from t2mlr.model.shapes import smollm2_135m_t2mlr_config as smollm2_135m_config
 
 LAYERS = 5
 
