@@ -123,3 +123,19 @@ def checked_incoming_state(cache: T2MLRCache, past: int) -> torch.Tensor:
             "recurrence='off' or by another model; rebuild it with this model's exact or Jacobi path"
         )
     return stored[:, -1]
+
+
+def checked_initial_states(
+    states: torch.Tensor | None, recurrence: str, batch: int, length: int, hidden_size: int
+) -> torch.Tensor | None:
+    """Given recurrent states start the Jacobi iteration; they must cover every token of the chunk."""
+    if states is None:
+        return None
+    if recurrence != "jacobi":
+        raise ValueError(f"initial_states start the Jacobi iteration: pass recurrence='jacobi', not {recurrence!r}")
+    if tuple(states.shape) != (batch, length, hidden_size):
+        raise ValueError(
+            f"initial_states must hold R after every token, shape ({batch}, {length}, {hidden_size}), "
+            f"got {tuple(states.shape)}"
+        )
+    return states.detach()

@@ -59,6 +59,14 @@ def check_jacobi_tol(tol: Any, name: str = "jacobi_tol") -> None:
         raise ValueError(f"{name} must be >= 0 or None, got {tol!r}")
 
 
+def check_bptt_window(window: Any) -> None:
+    if window is None:
+        return
+    check_int(window, "bptt_window")
+    if window < 1:
+        raise ValueError(f"bptt_window must be >= 1 (tokens the gradient reaches back through R) or None, got {window}")
+
+
 # ---------------------------------------------------------------------------------------------- base configs
 
 
@@ -117,8 +125,11 @@ class ForwardPath:
     d_forward: int
     d_backward: int
     jacobi_tol: float | None = None
+    bptt_window: int | None = None  # exact path with gradients: how many tokens back R carries them
 
     def describe(self) -> str:
+        if self.recurrence == "exact" and self.bptt_window is not None:
+            return f"exact (bptt_window={self.bptt_window})"
         if self.recurrence != "jacobi":
             return self.recurrence
         return f"jacobi (d_forward={self.d_forward}, d_backward={self.d_backward}, jacobi_tol={self.jacobi_tol})"
@@ -139,6 +150,8 @@ class T2MLRConfig(PretrainedConfig):
         d_forward: Jacobi cache iterations (the middle block runs d_forward + 1 times).
         d_backward: how many of the most recent cache iterates carry gradients (truncated BPTT).
         jacobi_tol: stop the detached Jacobi iterations early once max |ΔR| <= jacobi_tol (None: never).
+        bptt_window: exact-path training with truncated backpropagation through time: the loss at a
+            token reaches back through R this many tokens (None: through the whole sequence).
         train_recurrence / eval_recurrence: forward path used when `recurrence=None` in training
             and evaluation mode: "exact", "jacobi" or "off" (plain base model). Never switched silently.
         recurrence_mask_policy: "all" (every real token fuses R) or "mask" (the caller passes a
@@ -157,6 +170,7 @@ class T2MLRConfig(PretrainedConfig):
         d_forward: int = 16,
         d_backward: int = 4,
         jacobi_tol: float | None = None,
+        bptt_window: int | None = None,
         train_recurrence: RecurrencePath = "jacobi",
         eval_recurrence: RecurrencePath = "exact",
         recurrence_mask_policy: RecurrenceMaskPolicy = "all",
@@ -170,6 +184,7 @@ class T2MLRConfig(PretrainedConfig):
         self.d_forward = d_forward
         self.d_backward = d_backward
         self.jacobi_tol = jacobi_tol
+        self.bptt_window = bptt_window
         self.train_recurrence = train_recurrence
         self.eval_recurrence = eval_recurrence
         self.recurrence_mask_policy = recurrence_mask_policy
@@ -240,6 +255,7 @@ class T2MLRConfig(PretrainedConfig):
             )
         check_depths(self.d_forward, self.d_backward)
         check_jacobi_tol(self.jacobi_tol)
+        check_bptt_window(self.bptt_window)
         for name in ("train_recurrence", "eval_recurrence"):
             check_recurrence_path(getattr(self, name), name)
         if self.recurrence_mask_policy not in RECURRENCE_MASK_POLICIES:
@@ -259,6 +275,7 @@ class T2MLRConfig(PretrainedConfig):
         d_forward: int | None = None,
         d_backward: int | None = None,
         jacobi_tol: float | None = None,
+        bptt_window: int | None = None,
     ) -> ForwardPath:
         """The path of one forward call: each argument given explicitly wins, else the config's field
         (`train_recurrence` in training mode, `eval_recurrence` in evaluation mode)."""
@@ -270,7 +287,10 @@ class T2MLRConfig(PretrainedConfig):
             d_forward=self.d_forward if d_forward is None else d_forward,
             d_backward=self.d_backward if d_backward is None else d_backward,
             jacobi_tol=self.jacobi_tol if jacobi_tol is None else jacobi_tol,
+            bptt_window=self.bptt_window if bptt_window is None else bptt_window,
         )
+        if recurrence == "exact":
+            check_bptt_window(path.bptt_window)
         if recurrence == "jacobi":
             check_depths(path.d_forward, path.d_backward)
             check_jacobi_tol(path.jacobi_tol)

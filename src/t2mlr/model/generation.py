@@ -56,6 +56,7 @@ class T2MLRGenerationMixin(GenerationMixin):
         prefill: str | None = None,
         prefill_depth: int | None = None,
         prefill_tol: float | None = None,
+        output_recurrent_states: bool = False,
         **kwargs: Any,
     ):
         """`GenerationMixin.generate` plus the prompt's forward path.
@@ -66,9 +67,59 @@ class T2MLRGenerationMixin(GenerationMixin):
         iterations early once max |ΔR| <= tol (a trained model's cache often converges in a few, so a
         generous depth with a tolerance costs only what the prompt needs). With
         recurrence_mask_policy="mask", pass `recurrence_mask` for the prompt; generated tokens recur.
+
+        `output_recurrent_states=True` (with `return_dict_in_generate=True`) adds `recurrent_states`,
+        (sequences, prompt + generated, hidden): the exact R after every token of every returned
+        sequence, e.g. for replaying a rollout on the Jacobi path (`initial_states=`). After an exact
+        prefill, greedy decoding and sampling read them from the cache the decoding filled (plus one step
+        for the last token); beam search and a Jacobi prefill (whose prompt states are approximate)
+        recompute them on the exact path.
         """
         kwargs.update(prefill_kwargs(prefill, prefill_depth, prefill_tol, self.config.d_forward))
-        return super().generate(*args, **kwargs)
+        if not output_recurrent_states:
+            return super().generate(*args, **kwargs)
+        if not kwargs.get("return_dict_in_generate"):
+            raise ValueError("output_recurrent_states=True needs return_dict_in_generate=True (the states are a field of it)")
+        prompt = kwargs.get("input_ids", args[0] if args else None)
+        if prompt is None:
+            raise ValueError("output_recurrent_states=True needs the prompt's input_ids")
+        prompt_mask = self._prompt_attention_mask(prompt, kwargs)
+        out = super().generate(*args, **kwargs)
+        out["recurrent_states"] = self._states_of_sequences(out, prompt_mask, kwargs)
+        return out
+
+    def _prompt_attention_mask(self, prompt: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
+        """The prompt's padding mask: the one passed, else what generate() infers (pad tokens are padding
+        when a pad id is set, occurs in the prompt and differs from the EOS ids)."""
+        if kwargs.get("attention_mask") is not None:
+            return kwargs["attention_mask"]
+        config = kwargs.get("generation_config") or self.generation_config
+        pad = kwargs.get("pad_token_id", config.pad_token_id)
+        eos = kwargs.get("eos_token_id", config.eos_token_id)
+        eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+        if pad is not None and pad not in eos and bool((prompt == pad).any()):
+            return prompt.ne(pad).long()
+        return torch.ones_like(prompt)
+
+    def _states_of_sequences(self, out: Any, prompt_mask: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
+        """R after every token of `out.sequences` (see `generate`)."""
+        cache, sequences = out.past_key_values, out.sequences
+        rows, length = sequences.shape
+        owner = torch.arange(rows, device=prompt_mask.device) // (rows // prompt_mask.shape[0])  # its prompt's row
+        generated = prompt_mask.new_ones(rows, length - prompt_mask.shape[1])
+        full_mask = torch.cat([prompt_mask[owner], generated], dim=1)
+        config = kwargs.get("generation_config") or self.generation_config
+        beams = (kwargs.get("num_beams") or config.num_beams or 1) > 1
+        exact_prompt = self.config.forward_path(False, kwargs.get("recurrence")).recurrence == "exact"
+        with torch.no_grad():
+            reusable = isinstance(cache, T2MLRCache) and cache.get_seq_length() == length - 1
+            if reusable and exact_prompt and not beams:
+                self(sequences[:, -1:], attention_mask=full_mask, past_key_values=cache, use_cache=True,
+                     recurrence="exact")
+                return cache.recurrent_states
+            fresh = T2MLRCache(config=self.config.base_config)
+            self(sequences, attention_mask=full_mask, past_key_values=fresh, use_cache=True, recurrence="exact")
+            return fresh.recurrent_states
 
 
 def prefill_kwargs(prefill: str | None, depth: int | None, tol: float | None, default_depth: int) -> dict[str, Any]:

@@ -196,13 +196,24 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, T2MLRGenerationMixin):
         jacobi_tol: float | None = None,
         recurrence_mask: torch.Tensor | None = None,
         document_ids: torch.Tensor | None = None,
+        initial_states: torch.Tensor | None = None,
+        bptt_window: int | None = None,
+        output_hidden_states: bool | None = None,
         **kwargs: Any,
     ) -> T2MLRCausalLMOutput:
         """Causal-LM forward. `recurrence` picks the path ("exact", "jacobi", "off"; None = the config's
-        path for the current train/eval mode); `d_forward`, `d_backward` and `jacobi_tol` override the
-        config's Jacobi settings for this call (unused on the other paths). Labels are standard
-        causal-LM labels (shifted inside, -100 ignored)."""
-        path = self.forward_path(recurrence, d_forward=d_forward, d_backward=d_backward, jacobi_tol=jacobi_tol)
+        path for the current train/eval mode); `d_forward`, `d_backward`, `jacobi_tol` and `bptt_window`
+        override the config's settings for this call (each is used by its path only). Labels are standard
+        causal-LM labels (shifted inside, -100 ignored).
+
+        `initial_states` (batch, seq, hidden): R after every token of the chunk, e.g. the exact states a
+        rollout computed (`generate(..., output_recurrent_states=True)`); the Jacobi path starts from them
+        instead of the seed pass, so with exact states every d_forward >= 1 gives the exact forward.
+        `output_hidden_states=True` returns every block's output in transformers' convention
+        (embeddings, blocks 1..L-1, the final norm of block L), on every path."""
+        path = self.forward_path(
+            recurrence, d_forward=d_forward, d_backward=d_backward, jacobi_tol=jacobi_tol, bptt_window=bptt_window
+        )
         batch, length, device = checks.chunk_shape(input_ids, inputs_embeds, self.config.hidden_size)
         checks.check_labels_shape(labels, batch, length)
         cache = checks.checked_cache(past_key_values, use_cache)
@@ -212,13 +223,18 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, T2MLRGenerationMixin):
         checks.check_value_ranges(input_ids, labels, layout.position_ids, self.config.vocab_size,
                                   getattr(self.config.base_config, "max_position_embeddings", None))
         recurrence_mask = checks.checked_recurrence_mask(recurrence_mask, self.config.recurrence_mask_policy, batch, length)
+        initial_states = checks.checked_initial_states(initial_states, path.recurrence, batch, length, self.config.hidden_size)
         hidden = inputs_embeds if input_ids is None else self.base.model.embed_tokens(input_ids)
         inputs = layer_inputs(self.config.base_config, self.base.model.rotary_emb, hidden, attention_mask, layout, cache)
+        wanted = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
+        record = [hidden] if wanted else None
 
-        hidden = self._run_layers(self.prefix_layer_indices(), hidden, inputs)
-        hidden, r_out, iterations = self._middle(path, hidden, inputs, layout, recurrence_mask, past)
-        hidden = self._run_layers(self.suffix_layer_indices(), hidden, inputs)
+        hidden = self._run_layers(self.prefix_layer_indices(), hidden, inputs, record)
+        hidden, r_out, iterations = self._middle(path, hidden, inputs, layout, recurrence_mask, past, initial_states, record)
+        hidden = self._run_layers(self.suffix_layer_indices(), hidden, inputs, record)
         hidden = self.base.model.norm(hidden)
+        if record is not None:
+            record[-1] = hidden  # transformers' convention: the last entry is the final norm's output
 
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         logits = self.base.lm_head(hidden[:, keep, :])
@@ -229,11 +245,14 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, T2MLRGenerationMixin):
             loss=loss,
             logits=logits,
             past_key_values=cache,
+            hidden_states=None if record is None else tuple(record),
             recurrent_state=None if r_out is None else _last_state(r_out),
             jacobi_iterations=iterations,
         )
 
-    def _run_layers(self, indices: Sequence[int], hidden: torch.Tensor, inputs: LayerInputs) -> torch.Tensor:
+    def _run_layers(
+        self, indices: Sequence[int], hidden: torch.Tensor, inputs: LayerInputs, record: list | None = None
+    ) -> torch.Tensor:
         for i in indices:
             hidden = self.layers[i](
                 hidden,
@@ -243,6 +262,8 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, T2MLRGenerationMixin):
                 use_cache=inputs.cache is not None,
                 position_embeddings=inputs.position_embeddings,
             )
+            if record is not None:
+                record.append(hidden)
         return hidden
 
     def _middle(
@@ -253,25 +274,31 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, T2MLRGenerationMixin):
         layout: TokenLayout,
         recurrence_mask: torch.Tensor | None,
         past: int,
+        initial_states: torch.Tensor | None = None,
+        record: list | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, int | None]:
         """Blocks l_start..l_end on the chosen path: their output, R after each token, Jacobi iterates."""
         if path.recurrence == "off":
-            return self._run_layers(self.middle_layer_indices(), h_low, inputs), None, None
+            return self._run_layers(self.middle_layer_indices(), h_low, inputs, record), None, None
         cache = inputs.cache
         if past == 0:
             r_in = h_low.new_zeros(h_low.shape[0], self.config.hidden_size)
         else:
             r_in = checks.checked_incoming_state(cache, past).to(h_low.dtype)
         iterations = None
-        if path.recurrence == "exact" or h_low.shape[1] == 1:  # one token: the Jacobi fixed point at once
-            h_end, r_out = self._exact_middle(h_low, r_in, inputs, layout, recurrence_mask)
+        if path.recurrence == "exact" and path.bptt_window is not None and torch.is_grad_enabled():
+            h_end, r_out = self._truncated_exact_middle(h_low, r_in, inputs, layout, recurrence_mask, path, record)
+        elif path.recurrence == "exact" or h_low.shape[1] == 1:  # one token: the Jacobi fixed point at once
+            h_end, r_out = self._exact_middle(h_low, r_in, inputs, layout, recurrence_mask, record)
         elif past > 0:
             raise ValueError(
                 "Jacobi over a multi-token chunk needs an empty cache (it is a prefill); continue a "
                 "cached sequence with recurrence='exact' or one token at a time"
             )
         else:
-            h_end, r_out, iterations = self._jacobi_middle(h_low, r_in, inputs, layout, recurrence_mask, path)
+            h_end, r_out, iterations = self._jacobi_middle(
+                h_low, r_in, inputs, layout, recurrence_mask, path, initial_states, record
+            )
         if cache is not None:
             cache.append_recurrent_states(r_out)
         return h_end, r_out, iterations
@@ -296,6 +323,7 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, T2MLRGenerationMixin):
         inputs: LayerInputs,
         layout: TokenLayout,
         recurrence_mask: torch.Tensor | None,
+        record: list | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The middle block token by token with a KV cache; returns its outputs and R after each token."""
         cache = inputs.cache if inputs.cache is not None else DynamicCache()
@@ -304,6 +332,7 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, T2MLRGenerationMixin):
         offsets = {} if decode_step else {i: chunk_kv_offset(inputs.cache, i) for i in middle}
         cos, sin = inputs.position_embeddings
         outputs, r_out = [], []
+        per_layer: dict[int, list[torch.Tensor]] = {i: [] for i in middle} if record is not None else {}
         r_prev = r_in
         for t in range(h_low.shape[1]):
             r_read = reset_at_starts(r_prev, layout.document_start[:, t])
@@ -318,10 +347,39 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, T2MLRGenerationMixin):
                     use_cache=True,
                     position_embeddings=(cos[:, t : t + 1], sin[:, t : t + 1]),
                 )
+                if record is not None:
+                    per_layer[i].append(hidden)
             r_prev = self._write_state(hidden[:, 0], r_read, layout.real[:, t])
             outputs.append(hidden)
             r_out.append(r_prev)
+        if record is not None:
+            record.extend(torch.cat(per_layer[i], dim=1) for i in middle)
         return torch.cat(outputs, dim=1), torch.stack(r_out, dim=1)
+
+    def _truncated_exact_middle(
+        self,
+        h_low: torch.Tensor,
+        r_in: torch.Tensor,
+        inputs: LayerInputs,
+        layout: TokenLayout,
+        recurrence_mask: torch.Tensor | None,
+        path: ForwardPath,
+        record: list | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The exact path with truncated backpropagation through time (docs/semantics.md §5.1).
+
+        The exact states come from the token-by-token loop without gradients; then `bptt_window` fused
+        passes over the whole chunk run with gradients, starting from those states. The states are the
+        fixed point, so the values are the exact path's, and the loss at token t reaches back through R
+        to tokens t-1 .. t-bptt_window only (window 1: R detached after every token)."""
+        if inputs.cache is not None:
+            raise ValueError("bptt_window applies to training forwards without a cache (no past_key_values)")
+        with torch.no_grad():
+            _, exact_states = self._exact_middle(h_low, r_in, inputs, layout, recurrence_mask)
+        window = path.bptt_window
+        replay = ForwardPath("jacobi", d_forward=window, d_backward=window)
+        h_end, r_out, _ = self._jacobi_middle(h_low, r_in, inputs, layout, recurrence_mask, replay, exact_states, record)
+        return h_end, r_out
 
     # ----------------------------------------------------------------------------- Jacobi path
     def _jacobi_middle(
@@ -332,12 +390,16 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, T2MLRGenerationMixin):
         layout: TokenLayout,
         recurrence_mask: torch.Tensor | None,
         path: ForwardPath,
+        initial_states: torch.Tensor | None = None,
+        record: list | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, int]:
         """Cache iterates R<1>..R<d_forward>, then the final (cached) pass of the middle block.
 
         Iterate k comes from the middle block's output H<k-1> (H<0>: the seed pass, no fusion). The first
         d_forward - d_backward iterates are computed in a no-grad loop, which stops early once
         max |R<k> - R<k-1>| <= jacobi_tol (k >= 2); the last d_backward iterates always run, with gradients.
+        With `initial_states` (R after every token, given), R<0> is read from them and every iterate,
+        the first included, is a fused pass: there is no seed pass.
         """
         middle, no_cache = self.middle_layer_indices(), inputs.without_cache()
         latest_real = latest_real_index(layout.real)
@@ -348,18 +410,20 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, T2MLRGenerationMixin):
             r_out = self._write_state(h_end, r_read, layout.real)
             return states_read(r_out, r_in, latest_real, layout.document_start)
 
-        r_read = states_read(torch.zeros_like(h_low), r_in, latest_real, layout.document_start)
+        seeded = initial_states is None  # the first iterate is the seed pass (no fusion)
+        r_start = torch.zeros_like(h_low) if seeded else initial_states.to(h_low.dtype)
+        r_read = states_read(r_start, r_in, latest_real, layout.document_start)
         iterations = 0
         with torch.no_grad():
             for _ in range(path.d_forward - path.d_backward):
-                r_next = iterate(r_read, seed=iterations == 0)
+                r_next = iterate(r_read, seed=seeded and iterations == 0)
                 moved = None if path.jacobi_tol is None else float((r_next - r_read).abs().max())
                 r_read, iterations = r_next, iterations + 1
                 if moved is not None and iterations >= 2 and moved <= path.jacobi_tol:
                     break  # converged: go on to the iterations that carry gradients
         for _ in range(path.d_backward):
-            r_read, iterations = iterate(r_read, seed=iterations == 0), iterations + 1
-        h_end = self._run_layers(middle, self._fuse(h_low, r_read, recurrence_mask), inputs)
+            r_read, iterations = iterate(r_read, seed=seeded and iterations == 0), iterations + 1
+        h_end = self._run_layers(middle, self._fuse(h_low, r_read, recurrence_mask), inputs, record)
         r_out = gather_states(self._write_state(h_end, r_read, layout.real), r_in, latest_real)
         return h_end, r_out, iterations
 
