@@ -8,6 +8,11 @@ forward by hand shows the path comes from the model args, never from the config.
 from __future__ import annotations
 
 import argparse
+import inspect
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,15 +25,17 @@ from lm_eval.tasks import TaskManager  # noqa: E402
 from test_generation import build_tokenizer, save_model_dir  # noqa: E402
 
 import t2mlr.evaluation.lm_eval_model  # noqa: E402,F401  (registers "t2mlr")
-from t2mlr.evaluation import TASKS_DIR  # noqa: E402
+from t2mlr import cli  # noqa: E402
+from t2mlr.evaluation import TASKS_DIR, harness  # noqa: E402
 from t2mlr.evaluation.commands import register  # noqa: E402
-from t2mlr.evaluation.harness import with_shipped_tasks  # noqa: E402
-
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-from t2mlr.evaluation.lm_eval_model import check_eval_path  # noqa: E402
+from t2mlr.evaluation.harness import MODEL_ARGS, SHIPPED_TASKS, with_device, with_shipped_tasks  # noqa: E402
+from t2mlr.evaluation.lm_eval_model import T2MLRLM, check_eval_path  # noqa: E402
 from t2mlr.model import T2MLRForCausalLM  # noqa: E402
+from t2mlr.utils import resolve_device  # noqa: E402
 
 MISLEADING_CONFIG = dict(eval_recurrence="jacobi", d_forward=1, d_backward=1)
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
@@ -124,3 +131,112 @@ def test_eval_command_passes_lm_eval_options_through() -> None:
     shipped = with_shipped_tasks(argparse.Namespace(include_path="/my/tasks")).include_path
     assert shipped == ["/my/tasks", str(TASKS_DIR)]
     assert with_shipped_tasks(argparse.Namespace(include_path=None)).include_path == [str(TASKS_DIR)]
+
+
+# ---------------------------------------------------------------------------------------------- the README's commands
+
+
+def _saved_results(output_dir: Path) -> tuple[dict, list[dict]]:
+    """The results JSON and the logged samples that lm-eval wrote under --output_path."""
+    (results_file,) = output_dir.rglob("results_*.json")
+    (samples_file,) = output_dir.rglob("samples_t2mlr_toy_*.jsonl")
+    samples = [json.loads(line) for line in samples_file.read_text().splitlines()]
+    return json.loads(results_file.read_text()), samples
+
+
+def _check_against_the_exact_forward(results: dict, samples: list[dict]) -> None:
+    """Every logged score equals the exact forward by hand, and the accuracy is the argmax's."""
+    model = tiny_model(dtype=torch.float32, **MISLEADING_CONFIG)
+    right = []
+    for sample in samples:
+        arguments = [(args["arg_0"], args["arg_1"]) for args in sample["arguments"].values()]
+        logged = [float(resp[0][0]) for resp in sample["resps"]]
+        by_hand = [_loglikelihood_by_hand(model, context, continuation) for context, continuation in arguments]
+        assert max(abs(a - b) for a, b in zip(logged, by_hand)) <= 1e-4
+        right.append(max(range(len(by_hand)), key=by_hand.__getitem__) == sample["doc"]["answer"])
+    assert len(samples) == 8
+    assert results["results"]["t2mlr_toy"]["acc,none"] == pytest.approx(sum(right) / len(right))
+
+
+def test_readme_eval_command_runs_without_a_device_option(model_dir, tmp_path) -> None:
+    """`t2mlr eval run ... --tasks t2mlr_toy` as the README writes it (no --device): lm-eval's own default
+    would be cuda:0; the wrapper picks CUDA if available, else the CPU, and scores with the exact path."""
+    argv = ["eval", "run", "--model", "t2mlr", "--model_args", f"pretrained={model_dir},recurrence=exact",
+            "--tasks", "t2mlr_toy", "--output_path", str(tmp_path), "--log_samples"]
+    assert cli.main(argv) == 0
+    results, samples = _saved_results(tmp_path)
+    assert results["config"]["device"] == str(resolve_device("auto"))
+    assert results["config"]["t2mlr_recurrence"] == "exact"
+    _check_against_the_exact_forward(results, samples)
+
+
+def test_readme_module_command_runs_jacobi_without_a_device_option(model_dir, tmp_path) -> None:
+    """`python -m t2mlr.evaluation run ... recurrence=jacobi,d_forward=16`: deeper than any toy request,
+    so the scores are the exact ones."""
+    argv = ["run", "--model", "t2mlr", "--model_args", f"pretrained={model_dir},recurrence=jacobi,d_forward=16",
+            "--tasks", "t2mlr_toy", "--output_path", str(tmp_path), "--log_samples"]
+    assert harness.main(argv) == 0
+    results, samples = _saved_results(tmp_path)
+    assert results["config"]["t2mlr_recurrence"] == "jacobi"
+    assert results["config"]["t2mlr_d_forward"] == 16
+    _check_against_the_exact_forward(results, samples)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_cuda_device_on_a_machine_without_cuda_is_a_clear_error(model_dir, capsys) -> None:
+    argv = ["eval", "run", "--model", "t2mlr", "--model_args", f"pretrained={model_dir}", "--tasks", "t2mlr_toy",
+            "--device", "cuda"]
+    assert cli.main(argv) == 2
+    assert "t2mlr eval: error: device 'cuda' was asked for, but this machine has no CUDA device" in capsys.readouterr().err
+
+
+def test_the_device_comes_from_one_place() -> None:
+    """lm-eval hands --device to the model as a keyword of its own, so a device in --model_args moves
+    there (two would collide); two different devices are an error; no device at all is the default."""
+    def run_args(device, model_args):
+        return argparse.Namespace(device=device, model_args=model_args, config=None)
+
+    moved = with_device(run_args(None, {"pretrained": "x", "device": "cpu"}))
+    assert (moved.device, moved.model_args) == ("cpu", {"pretrained": "x"})
+    assert with_device(run_args(None, {"pretrained": "x"})).device == str(resolve_device("auto"))
+    assert with_device(run_args("cpu", {"device": "cpu"})).device == "cpu"
+    with pytest.raises(ValueError, match="two devices were given"):
+        with_device(run_args("cpu", {"device": "meta"}))
+    listing = argparse.Namespace(include_path=None)  # `ls` and `validate` run no model: left alone
+    assert vars(with_device(listing)) == {"include_path": None}
+
+
+# ---------------------------------------------------------------------------------------------- help
+
+
+def test_help_lists_every_model_arg_of_the_t2mlr_model() -> None:
+    parameters = set(inspect.signature(T2MLRLM.__init__).parameters) - {"self", "max_batch_size"}
+    assert set(MODEL_ARGS) == parameters  # max_batch_size only comes with lm-eval's batch_size=auto
+
+
+def test_help_names_only_tasks_that_are_shipped(task_manager) -> None:
+    assert set(SHIPPED_TASKS) <= set(task_manager.all_tasks)
+
+
+def test_eval_help_prints_the_t2mlr_section_then_lm_evals_help(capsys) -> None:
+    assert cli.main(["eval", "--help"]) == 0
+    printed = capsys.readouterr().out
+    t2mlr_part, _, lm_eval_part = printed.partition("lm-eval's own help follows.")
+    for name in [*MODEL_ARGS, *SHIPPED_TASKS]:
+        assert f"\n  {name} " in t2mlr_part
+    assert "`lm_eval --model t2mlr ...` on its own cannot work" in t2mlr_part
+    assert "no plugin discovery" in t2mlr_part
+    assert "usage: lm-eval" in lm_eval_part and "usage: lm-eval" not in t2mlr_part
+    assert cli.main(["eval", "run", "-h"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.index("recurrence") < printed.index("usage: lm-eval run")  # the run subcommand's own help
+
+
+def test_module_help_runs_as_a_program() -> None:
+    """`python -m t2mlr.evaluation --help`, in a fresh interpreter as a user types it."""
+    source = str(Path(__file__).resolve().parents[1] / "src")
+    done = subprocess.run([sys.executable, "-m", "t2mlr.evaluation", "--help"], check=False,
+                          capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": source})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.index("--model_args of --model t2mlr") < done.stdout.index("usage: lm-eval")

@@ -1,25 +1,102 @@
-"""lm-eval's own command line with the "t2mlr" model registered and the shipped tasks on the task path.
+"""lm-eval's own command line with the "t2mlr" model registered, the shipped tasks on the task path and
+a device that exists on this machine.
 
-lm-eval 0.4.x finds models only in its registry (it does not read the `lm_eval` entry-point group that
-pyproject declares), so a bare `lm_eval --model t2mlr ...` fails with "no model for this name". This
-runs the same command line after importing the registration:
+lm-eval 0.4.x finds models only in its in-process registry: it has no plugin discovery (it does not
+read the `lm_eval` entry-point group that pyproject declares), so a bare `lm_eval --model t2mlr ...`
+fails with "no model for this name". This runs the same command line after importing the registration:
 
-    python -m t2mlr.evaluation --model t2mlr --model_args pretrained=DIR,recurrence=exact --tasks t2mlr_toy
-    t2mlr eval --model t2mlr --model_args pretrained=DIR,recurrence=jacobi,d_forward=8 --tasks arc_easy
+    python -m t2mlr.evaluation run --model t2mlr --model_args pretrained=DIR,recurrence=exact --tasks t2mlr_toy
+    t2mlr eval run --model t2mlr --model_args pretrained=DIR,recurrence=jacobi,d_forward=8 --tasks arc_easy
 
-Every lm-eval option works as documented by lm-eval (`run`, `ls`, `validate` subcommands included);
-the directory of shipped tasks (`t2mlr_toy`, `t2mlr_toy_gen`, tag `t2mlr_toy_all`) is appended to
---include_path (a YAML --config's include_path is replaced by it; pass --include_path on the command
-line instead).
+Every lm-eval option works as documented by lm-eval (`run`, `ls`, `validate` subcommands included),
+with three differences, all made here:
+
+* the directory of shipped tasks (`t2mlr_toy`, `t2mlr_toy_gen`, tag `t2mlr_toy_all`) is appended to
+  --include_path (a YAML --config's include_path is replaced by it; pass --include_path on the
+  command line instead);
+* lm-eval's default device is "cuda:0" even where torch has no CUDA; without --device (and without a
+  device in --model_args or the YAML --config) the device is CUDA when available, else the CPU; a
+  device this machine lacks is a one-line error (exit code 2) before anything is loaded;
+* `--help` (or no arguments) prints the t2mlr section below, then lm-eval's own help.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from collections.abc import Sequence
+from typing import Any
 
 from t2mlr.evaluation import TASKS_DIR
+from t2mlr.utils import resolve_device
+
+__all__ = ["MODEL_ARGS", "SHIPPED_TASKS", "help_text", "main", "run_harness", "with_device", "with_shipped_tasks"]
+
+HELP_FLAGS = ("-h", "--help")
+HELP_WIDTH = 100
+
+MODEL_ARGS: dict[str, str] = {
+    "pretrained": "DIR: a saved T²MLR model with its tokenizer (save_pretrained of both); required",
+    "recurrence": "exact (default: the definition, middle block token by token) or jacobi (temporal-parallel "
+    "approximation); used on every scoring call and every generation, never taken from the saved config",
+    "d_forward": "N: Jacobi cache iterations (recurrence=jacobi only; default: the saved config's d_forward); "
+    "position t is exact once N >= t, so N >= sequence length + 1 gives the exact scores",
+    "tokenizer": "tokenizer directory, tokenizer.json or hub id, when DIR holds none",
+    "dtype": "auto (as saved), float32, bfloat16 or float16",
+    "device": "auto (CUDA if available, else CPU), cpu, cuda, cuda:1, ...; the same as --device (give one)",
+    "batch_size": "requests per forward, a positive int (no 'auto'); the same as --batch_size",
+    "max_length": "context limit in tokens (default: the base model's max_position_embeddings)",
+    "max_gen_toks": "generation budget when a task sets none (default 256)",
+    "add_bos_token": "true/false: add the tokenizer's special tokens when encoding (default: the tokenizer's own)",
+}
+
+SHIPPED_TASKS: dict[str, str] = {
+    "t2mlr_toy": "8 three-way multiple-choice questions scored by loglikelihood (accuracy)",
+    "t2mlr_toy_gen": "the same questions answered by greedy generation (exact match)",
+    "t2mlr_toy_all": "tag: both of the above",
+}
+
+
+def help_text() -> str:
+    """The t2mlr section printed before lm-eval's own help."""
+    width = max(map(len, [*MODEL_ARGS, *SHIPPED_TASKS]))
+
+    def listing(entries: dict[str, str]) -> str:
+        return "\n".join(
+            textwrap.fill(text, HELP_WIDTH, initial_indent=f"  {name:<{width}}  ", subsequent_indent=" " * (width + 4))
+            for name, text in entries.items()
+        )
+
+    model_args, tasks = listing(MODEL_ARGS), listing(SHIPPED_TASKS)
+    return f"""\
+t2mlr eval / python -m t2mlr.evaluation: lm-evaluation-harness for T²MLR models
+
+Everything after `eval` is lm-eval's own command line. Before running it, these wrappers register
+the model type "t2mlr" (its scores and generations always use the path named in --model_args), add
+the shipped offline tasks to --include_path, and pick the device CUDA-if-available-else-CPU when none
+is given (lm-eval's own default is cuda:0, which fails on a machine without CUDA).
+
+`lm_eval --model t2mlr ...` on its own cannot work: lm-eval 0.4.x looks models up only in its
+in-process registry and has no plugin discovery, so "t2mlr" exists only once
+t2mlr.evaluation.lm_eval_model has been imported. Use these wrappers, or in Python
+`import t2mlr.evaluation.lm_eval_model` before `lm_eval.simple_evaluate(model="t2mlr", ...)`.
+
+--model_args of --model t2mlr (comma-separated key=value):
+{model_args}
+
+Shipped offline tasks (no download):
+{tasks}
+Hub tasks (arc_easy, arc_challenge, hellaswag, openbookqa, piqa, sciq, winogrande) need the hub.
+
+Examples:
+  t2mlr eval run --model t2mlr --model_args pretrained=DIR,recurrence=exact --tasks t2mlr_toy
+  t2mlr eval run --model t2mlr --model_args pretrained=DIR,recurrence=jacobi,d_forward=16 \\
+      --tasks arc_easy,hellaswag --batch_size 8
+
+lm-eval's own help follows.
+{"-" * HELP_WIDTH}
+"""
 
 
 def with_shipped_tasks(args: argparse.Namespace) -> argparse.Namespace:
@@ -34,8 +111,50 @@ def with_shipped_tasks(args: argparse.Namespace) -> argparse.Namespace:
     return args
 
 
+def with_device(args: argparse.Namespace) -> argparse.Namespace:
+    """Set --device to one this machine has, checked: the user's (from --device or --model_args), else
+    CUDA when available, else the CPU. A device in --model_args moves to --device, because lm-eval
+    passes --device to the model as a keyword of its own and two would collide."""
+    if not hasattr(args, "device"):  # `ls`, `validate`: nothing runs a model
+        return args
+    model_args: dict[str, Any] = args.model_args if isinstance(args.model_args, dict) else {}
+    in_model_args = model_args.pop("device", None)
+    if args.device is not None and in_model_args is not None and str(in_model_args) != str(args.device):
+        raise ValueError(
+            f"two devices were given: --device {args.device} and device={in_model_args} in --model_args; give one"
+        )
+    chosen = args.device if args.device is not None else in_model_args
+    if chosen is None and _device_in_yaml_config(args) is None:
+        chosen = "auto"
+    if chosen is not None:
+        args.device = str(resolve_device(str(chosen)))
+    return args
+
+
+def _device_in_yaml_config(args: argparse.Namespace) -> Any:
+    """The device a YAML --config sets (top level or in its model_args), if any; lm-eval lets
+    command-line options override the file, so a default set here would hide it."""
+    config_path = getattr(args, "config", None)
+    if not config_path:
+        return None
+    from lm_eval.config.evaluate_config import EvaluatorConfig
+    from lm_eval.utils import simple_parse_args_string
+
+    config = EvaluatorConfig.load_yaml_config(config_path)
+    model_args = config.get("model_args") or {}
+    if isinstance(model_args, str):
+        model_args = simple_parse_args_string(model_args)
+    return config.get("device", model_args.get("device"))
+
+
 def run_harness(argv: Sequence[str]) -> int:
-    """Parse `argv` with lm-eval's CLI and run it; returns the exit code."""
+    """Parse `argv` with lm-eval's CLI and run it; returns the exit code (2 and one line on stderr for
+    a device this machine lacks)."""
+    argv = list(argv)
+    if not argv or any(flag in argv for flag in HELP_FLAGS):
+        print(help_text(), flush=True)
+        if not argv:
+            argv = ["--help"]
     import t2mlr.evaluation.lm_eval_model  # noqa: F401  (registers "t2mlr")
     from lm_eval._cli import HarnessCLI
     from lm_eval.utils import setup_logging
@@ -45,7 +164,15 @@ def run_harness(argv: Sequence[str]) -> int:
     try:
         setup_logging()
         cli = HarnessCLI()
-        args = with_shipped_tasks(cli.parse_args())
+        try:
+            args = cli.parse_args()
+        except SystemExit as exit_:  # --help and usage errors: argparse has printed what to say
+            return 0 if exit_.code is None else exit_.code if isinstance(exit_.code, int) else 1
+        try:
+            args = with_device(with_shipped_tasks(args))
+        except ValueError as err:
+            print(f"t2mlr eval: error: {err}", file=sys.stderr)
+            return 2
         cli.execute(args)
     finally:
         sys.argv = saved

@@ -1,20 +1,9 @@
 """lm-evaluation-harness model "t2mlr": every score and generation on an explicitly chosen T²MLR path.
 
-Model args (`--model_args` on the command line, `model_args=` in `simple_evaluate`):
-    pretrained=DIR      directory of a saved T²MLR model and its tokenizer (save_pretrained of both)
-    tokenizer=...       tokenizer directory or hub id, when DIR holds none
-    recurrence=exact    "exact" (default; the model's definition, middle block token by token) or
-                        "jacobi" (temporal-parallel approximation, docs/semantics.md §5)
-    d_forward=N         Jacobi cache iterations (recurrence=jacobi only; default: the model config's
-                        d_forward). Position t is exact once N >= t, so N >= sequence length + 1 makes
-                        Jacobi scores equal the exact ones.
-    dtype=auto          auto (as saved), float32, bfloat16 or float16
-    device=auto         auto (CUDA if available), cpu, cuda, cuda:1, ...
-    batch_size=1        requests per forward (an int)
-    max_length=N        context limit (default: the base model's max_position_embeddings)
-    max_gen_toks=256    default generation budget when a task does not set one
-    add_bos_token=...   true/false: add the tokenizer's special tokens when encoding (default: the
-                        tokenizer's own default)
+Model args (`--model_args` on the command line, `model_args=` in `simple_evaluate`): the parameters of
+`T2MLRLM.__init__`, described one by one in `t2mlr.evaluation.harness.MODEL_ARGS` (what
+`t2mlr eval --help` prints): pretrained, recurrence (exact or jacobi), d_forward, tokenizer, dtype,
+device, batch_size, max_length, max_gen_toks, add_bos_token.
 
 Why not HFLM: HFLM calls `model(inps)` and `model.generate(...)` without a path argument, so the path
 would silently follow the config's `eval_recurrence`; it also needs `accelerate`, which this project

@@ -97,9 +97,11 @@ def token_layout(
     if document_ids is None:
         starts = position_ids == 0
     starts = starts & real
-    packed = length > 1 and _is_packed(starts, real)
-    if packed and past > 0:
-        raise ValueError("a new document (position 0) cannot start inside a chunk that continues a cache")
+    packed = False
+    if length > 1 and past > 0:
+        _check_no_new_document(starts, real)
+    elif length > 1:
+        packed = _is_packed(starts, real)
     return TokenLayout(
         position_ids=position_ids,
         real=real,
@@ -110,11 +112,20 @@ def token_layout(
 
 def _is_packed(starts: torch.Tensor, real: torch.Tensor) -> bool:
     """Packed or not decides the mask builders' arguments. Under torch.compile the answer cannot be read
-    back from the device without a graph break, so every multi-token chunk is treated as packed there:
-    the same-document mask is then a no-op for rows holding one document."""
+    back from the device without a graph break, so every multi-token chunk that starts a sequence is
+    treated as packed there: the same-document mask is then a no-op for rows holding one document."""
     if torch.compiler.is_compiling():
         return True
     return starts_a_later_document(starts, real)
+
+
+def _check_no_new_document(starts: torch.Tensor, real: torch.Tensor) -> None:
+    """A chunk that continues a cache must stay in the cached document. Like the value checks, this needs
+    a host read, so it is skipped under torch.compile (a continued chunk is never treated as packed)."""
+    if torch.compiler.is_compiling():
+        return
+    if starts_a_later_document(starts, real):
+        raise ValueError("a new document (position 0) cannot start inside a chunk that continues a cache")
 
 
 # ---------------------------------------------------------------------------------------------- masks

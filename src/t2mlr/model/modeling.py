@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
@@ -60,11 +60,12 @@ class T2MLRCausalLMOutput(CausalLMOutputWithPast):
 
     recurrent_state: R after the last token of each row, (batch, hidden); None on the "off" path.
     jacobi_iterations: cache iterates computed by the Jacobi path (fewer than d_forward when the
-        early stop fired); None on the other paths.
+        early stop fired); None on the other paths. A 0-d tensor when the early stop ran under
+        torch.compile (the count is known only on the device there).
     """
 
     recurrent_state: torch.Tensor | None = None
-    jacobi_iterations: int | None = None
+    jacobi_iterations: int | torch.Tensor | None = None
 
 
 class T2MLRPreTrainedModel(PreTrainedModel):
@@ -86,8 +87,8 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, T2MLRGenerationMixin):
     """T²MLR causal LM. See the module docstring for the forward paths."""
 
     def __init__(self, config: T2MLRConfig, base_model: PreTrainedModel | None = None) -> None:
+        config.validate_recurrence()  # first: PreTrainedModel.__init__ reads the base config it needs
         super().__init__(config)
-        config.validate_recurrence()
         if base_model is None:
             base_model = AutoModelForCausalLM.from_config(
                 config.base_config, attn_implementation=config._attn_implementation
@@ -276,7 +277,7 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, T2MLRGenerationMixin):
         past: int,
         initial_states: torch.Tensor | None = None,
         record: list | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None, int | None]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None, int | torch.Tensor | None]:
         """Blocks l_start..l_end on the chosen path: their output, R after each token, Jacobi iterates."""
         if path.recurrence == "off":
             return self._run_layers(self.middle_layer_indices(), h_low, inputs, record), None, None
@@ -413,19 +414,52 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, T2MLRGenerationMixin):
         seeded = initial_states is None  # the first iterate is the seed pass (no fusion)
         r_start = torch.zeros_like(h_low) if seeded else initial_states.to(h_low.dtype)
         r_read = states_read(r_start, r_in, latest_real, layout.document_start)
-        iterations = 0
+        detached = path.d_forward - path.d_backward
+        iterations: int | torch.Tensor = 0
         with torch.no_grad():
-            for _ in range(path.d_forward - path.d_backward):
-                r_next = iterate(r_read, seed=seeded and iterations == 0)
-                moved = None if path.jacobi_tol is None else float((r_next - r_read).abs().max())
-                r_read, iterations = r_next, iterations + 1
-                if moved is not None and iterations >= 2 and moved <= path.jacobi_tol:
-                    break  # converged: go on to the iterations that carry gradients
-        for _ in range(path.d_backward):
-            r_read, iterations = iterate(r_read, seed=seeded and iterations == 0), iterations + 1
+            if path.jacobi_tol is not None and detached > 0 and torch.compiler.is_compiling():
+                r_read, iterations = _settle_on_device(iterate, r_read, detached, path.jacobi_tol, seeded)
+            else:
+                for _ in range(detached):
+                    r_next = iterate(r_read, seed=seeded and iterations == 0)
+                    moved = None if path.jacobi_tol is None else float((r_next - r_read).abs().max())
+                    r_read, iterations = r_next, iterations + 1
+                    if moved is not None and iterations >= 2 and moved <= path.jacobi_tol:
+                        break  # converged: go on to the iterations that carry gradients
+        for step in range(path.d_backward):  # the seed is here only when no detached iterate ran
+            r_read = iterate(r_read, seed=seeded and detached == 0 and step == 0)
+        iterations = iterations + path.d_backward
         h_end = self._run_layers(middle, self._fuse(h_low, r_read, recurrence_mask), inputs, record)
         r_out = gather_states(self._write_state(h_end, r_read, layout.real), r_in, latest_real)
         return h_end, r_out, iterations
+
+
+def _settle_on_device(
+    iterate: Callable[[torch.Tensor, bool], torch.Tensor], r_read: torch.Tensor, detached: int, tol: float,
+    seeded: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The detached Jacobi loop with its early stop, for torch.compile: the same iterates as the eager
+    loop (seed, then refinements until `detached` ran or, from the second on, none moved by more than
+    `tol`), but the stop test stays on the device inside one `torch.while_loop`, because a graph cannot
+    branch in Python on a value it computes. Returns the last iterate and how many ran (a 0-d tensor).
+    `seeded`: the first iterate is the seed pass (False when the iteration starts from given states)."""
+    r_next = iterate(r_read, seeded)
+    count = torch.ones((), dtype=torch.long, device=r_read.device)
+
+    def keep_going(count: torch.Tensor, r: torch.Tensor, moved: torch.Tensor) -> torch.Tensor:
+        return (count < detached) & ((count < 2) | (moved > tol))
+
+    def refine(count: torch.Tensor, r: torch.Tensor, moved: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        r_next = iterate(r, False)
+        return count + 1, r_next, _largest_move(r_next, r)
+
+    count, r_read, _ = torch.while_loop(keep_going, refine, (count, r_next, _largest_move(r_next, r_read)))
+    return r_read, count
+
+
+def _largest_move(r_next: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """max |r_next - r| in float64, as the eager loop compares it with the tolerance (a Python float)."""
+    return (r_next - r).abs().max().to(torch.float64)
 
 
 def _keep_initialised(base_model: PreTrainedModel) -> None:
