@@ -6,8 +6,14 @@
 
 Writes OUT/results.md, OUT/results.json, OUT/accuracy_vs_length.png, the data under OUT/data and one
 training run directory per model (checkpoints, metrics.jsonl, train.log). On a CPU the models train
-side by side, one worker process each up to the CPU threads (--workers); on a GPU in turn. Exit codes: 0 done,
-1 training stopped (non-finite loss), 2 bad input or an existing run directory.
+side by side, one worker process each up to the CPU threads (--workers); on a GPU in turn. Workers end
+with the command: killing it (even with SIGKILL) leaves no training behind.
+
+Every model checkpoints as it trains (cpu preset: every 250 steps; --checkpoint-every changes it), and
+`--resume` continues each run from its latest checkpoint exactly as if it had never stopped: the same
+numbers as an uninterrupted run, given the same --workers and --threads (the thread count sets the
+float summation order). Exit codes: 0 done, 1 training stopped (non-finite loss), 2 bad input or an
+existing run directory.
 """
 
 from __future__ import annotations
@@ -39,6 +45,10 @@ def run_s5(args: argparse.Namespace) -> int:
             preset = preset.with_steps(**{name: args.steps for name in preset.steps})
         if args.seed is not None:
             preset = dataclasses.replace(preset, seed=args.seed)
+        if args.checkpoint_every is not None:
+            if args.checkpoint_every < 0:
+                raise ValueError(f"--checkpoint-every must be >= 0 (0: only at the end), got {args.checkpoint_every}")
+            preset = dataclasses.replace(preset, checkpoint_every=args.checkpoint_every)
         run_experiment(preset, args.out, device=args.device, models=tuple(args.models),
                        resume=args.resume, overwrite=args.overwrite, workers=args.workers)
     except NonFiniteLossError as err:
@@ -66,8 +76,13 @@ def _add_s5(sub: Any) -> None:
                         "CPU threads on CPU, 1 on a GPU)")
     p.add_argument("--seed", type=int, default=None,
                    help="seed of the data (and the cpu preset's generating set) and of training (default: the preset's, 0)")
+    p.add_argument("--checkpoint-every", type=int, default=None, metavar="STEPS",
+                   help="checkpoint every model every STEPS steps, 0 only at the end (default: the preset's; "
+                        "cpu: 250); changes no result")
     group = p.add_mutually_exclusive_group()
-    group.add_argument("--resume", action="store_true", help="continue (or only re-evaluate) existing runs in --out")
+    group.add_argument("--resume", action="store_true",
+                       help="continue existing runs in --out from their latest checkpoints (finished ones are only "
+                            "re-evaluated)")
     group.add_argument("--overwrite", action="store_true", help="delete existing runs in --out first")
     p.set_defaults(func=run_s5)
 

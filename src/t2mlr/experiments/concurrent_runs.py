@@ -9,11 +9,24 @@ Each worker is a fresh (spawned) process that runs the project trainer on one co
 the run's final checkpoint and the seconds it trained. A run that fails lets the runs already under way
 finish (their checkpoints stay resumable), the runs not yet started are cancelled, and the error is
 raised in the caller.
+
+Workers die with the parent. A killed parent (`kill -9`, an OOM kill, a closed terminal) would otherwise
+leave its workers training on, unseen, holding the CPU and writing into the run directories while a
+`--resume` trains the same runs again. On Linux each worker asks the kernel for SIGKILL when its parent
+goes (`prctl(PR_SET_PDEATHSIG)`): immediate, and it works even while the worker sits in a long torch
+call. Elsewhere a daemon thread polls the parent's pid twice a second. SIGKILL loses nothing that
+matters: checkpoints are written into a temporary directory and renamed into place, and a resumed run
+cuts its metrics back to its checkpoint's step.
 """
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
+import os
+import signal
+import sys
+import threading
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, replace
@@ -26,7 +39,7 @@ from tqdm.auto import tqdm
 from t2mlr.training.config import TrainConfig
 from t2mlr.training.trainer import train
 
-__all__ = ["RunJob", "TrainedRun", "resolve_workers", "train_runs"]
+__all__ = ["RunJob", "TrainedRun", "die_with_parent", "resolve_workers", "train_runs"]
 
 
 @dataclass(frozen=True)
@@ -70,7 +83,36 @@ def _labelled(job: RunJob, line: int | None) -> RunJob:
     return replace(job, cfg=replace(job.cfg, logging=logging))
 
 
-def _init_worker(threads: int, bar_lock: Any) -> None:
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+PARENT_POLL_SECONDS = 0.5
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """End this process at once when the process `parent_pid` that started it is gone.
+
+    Linux: the kernel sends SIGKILL (parent-death signal). Other systems: a daemon thread polls
+    `os.getppid()` and calls `os._exit`. Either way, a parent that died before this call took effect
+    is caught by the pid check at the end.
+    """
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, f"prctl(PR_SET_PDEATHSIG) failed: {os.strerror(errno)}")
+    else:
+        threading.Thread(target=_exit_when_orphaned, args=(parent_pid,), daemon=True, name="die-with-parent").start()
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def _exit_when_orphaned(parent_pid: int) -> None:
+    while os.getppid() == parent_pid:
+        time.sleep(PARENT_POLL_SECONDS)
+    os._exit(1)  # from any thread: no cleanup, like the signal
+
+
+def _init_worker(threads: int, bar_lock: Any, parent_pid: int) -> None:
+    die_with_parent(parent_pid)
     torch.set_num_threads(threads)
     tqdm.set_lock(bar_lock)  # the bars of all workers share one terminal
 
@@ -84,8 +126,11 @@ def train_runs(jobs: list[RunJob], resume: bool = False, workers: int = 1) -> di
         return {job.name: train_one(_labelled(job, None), resume) for job in jobs}
     threads = max(1, torch.get_num_threads() // workers)
     context = multiprocessing.get_context("spawn")  # no forked copies of the parent's torch threads or state
+    # The pool starts its workers from this thread (on submit) and this thread waits for them, which is what
+    # the parent-death signal follows: it fires when the thread that started the process ends.
     pool = ProcessPoolExecutor(
-        max_workers=workers, mp_context=context, initializer=_init_worker, initargs=(threads, context.RLock()),
+        max_workers=workers, mp_context=context, initializer=_init_worker,
+        initargs=(threads, context.RLock(), os.getpid()),
     )
     try:
         futures: dict[str, Future[TrainedRun]] = {

@@ -13,18 +13,25 @@ dropped (S5 dictionaries are drawn fresh per sequence, so collisions are negligi
 from __future__ import annotations
 
 import argparse
+import functools
+import itertools
 import json
-from collections.abc import Callable, Sequence
+import sys
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from tqdm.auto import tqdm
+
 from t2mlr.tasks.jsonl import write_jsonl
-from t2mlr.tasks.prosqa import generate_prosqa_hard
-from t2mlr.tasks.s5_retrieval import DEFAULT_ALPHABET, generate_s5_eval, iter_s5_retrieval
+from t2mlr.tasks.prosqa import iter_prosqa_hard
+from t2mlr.tasks.s5_retrieval import DEFAULT_ALPHABET, iter_s5_eval, iter_s5_retrieval
 from t2mlr.tasks.tokenizers import build_s5_tokenizer
-from t2mlr.tasks.variable_assignment import generate_variable_assignment
+from t2mlr.tasks.variable_assignment import iter_variable_assignment
 
 __all__ = ["main", "parse_range", "register"]
+
+Handler = Callable[[argparse.Namespace], int]
 
 
 def parse_range(text: str) -> tuple[int, int]:
@@ -41,7 +48,27 @@ def parse_range(text: str) -> tuple[int, int]:
     return values[0], values[1]
 
 
-def _write(records: Any, path: Path) -> None:
+def _one_line_errors(handler: Handler) -> Handler:
+    """Bad settings (a ValueError from a generator) end the command with one line on stderr and exit code 2,
+    whichever command line runs it (`t2mlr data …` or this module's `main`)."""
+
+    @functools.wraps(handler)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return handler(args)
+        except ValueError as err:
+            print(f"t2mlr data {args.data_command}: error: {err}", file=sys.stderr)
+            return 2
+
+    return run
+
+
+def _progress(samples: Iterable[dict[str, Any]], total: int, desc: str) -> Iterator[dict[str, Any]]:
+    """A progress bar on stderr (stdout keeps only the list of written files) around a sample stream."""
+    return iter(tqdm(samples, total=total, desc=desc, unit=" samples", dynamic_ncols=True, file=sys.stderr))
+
+
+def _write(records: Iterable[dict[str, Any]], path: Path) -> None:
     count = write_jsonl(records, path)
     print(f"wrote {count} samples to {path}")
 
@@ -53,65 +80,70 @@ def _write_meta(out: Path, args: argparse.Namespace) -> None:
     print(f"wrote settings to {path}")
 
 
-def _disjoint_eval(
-    generate: Callable[[int], list[dict[str, Any]]], size: int, train_keys: set[str], key: str
-) -> list[dict[str, Any]]:
-    """First ``size`` eval samples (deterministic stream) whose ``key`` is not in training."""
-    count = max(size, 1)
-    while True:
-        kept = [s for s in generate(count) if s[key] not in train_keys]
-        if len(kept) >= size:
-            return kept[:size]
-        if count >= 16 * max(size, 1):
-            raise ValueError(f"only {len(kept)} eval samples differ from the training set; lower --eval-size")
-        count *= 2
+def _disjoint_eval(stream: Iterator[dict[str, Any]], size: int, train_keys: set[str], key: str) -> list[dict[str, Any]]:
+    """The first ``size`` samples of an endless eval stream whose ``key`` is not in training.
+
+    Draws at most 16 × size samples before giving up (too few differ from the training set).
+    """
+    kept: list[dict[str, Any]] = []
+    if size <= 0:
+        return kept
+    with tqdm(total=size, desc="eval", unit=" samples", dynamic_ncols=True, file=sys.stderr) as bar:
+        for sample in itertools.islice(stream, 16 * size):
+            if sample[key] not in train_keys:
+                kept.append(sample)
+                bar.update(1)
+                if len(kept) == size:
+                    return kept
+    raise ValueError(f"only {len(kept)} eval samples differ from the training set; lower --eval-size")
 
 
+@_one_line_errors
 def _run_s5(args: argparse.Namespace) -> int:
-    # Both calls validate every setting before anything is written.
+    # Both streams check every setting on the call, before anything is written.
     train = iter_s5_retrieval(
         args.train_size, args.train_n, args.k, args.dict_size, args.seed, args.alphabet, stream="train"
     )
+    evals = iter_s5_eval(args.eval_size, args.eval_n, args.k, args.dict_size, args.seed, args.alphabet)
     tokenizer = build_s5_tokenizer(args.k, args.alphabet)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(str(out / "tokenizer"))
     print(f"wrote tokenizer to {out / 'tokenizer'}")
-    _write(train, out / "train.jsonl")
-    evals = generate_s5_eval(args.eval_size, args.eval_n, args.k, args.dict_size, args.seed, args.alphabet)
-    _write(evals, out / "eval.jsonl")
+    _write(_progress(train, args.train_size, "train"), out / "train.jsonl")
+    eval_total = args.eval_size * (args.eval_n[1] - args.eval_n[0] + 1)
+    _write(_progress(evals, eval_total, "eval"), out / "eval.jsonl")
     _write_meta(out, args)
     return 0
 
 
+@_one_line_errors
 def _run_variable_assignment(args: argparse.Namespace) -> int:
+    def stream(count: int | None, name: str) -> Iterator[dict[str, Any]]:
+        return iter_variable_assignment(count, args.depth, args.num_constants, args.num_distractors, args.seed, name)
+
+    train_stream, eval_stream = stream(args.size, "train"), stream(None, "eval")  # settings checked here
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-
-    def gen(count: int, stream: str) -> list[dict[str, Any]]:
-        return generate_variable_assignment(
-            count, args.depth, args.num_constants, args.num_distractors, args.seed, stream
-        )
-
-    train = gen(args.size, "train")
+    train = list(_progress(train_stream, args.size, "train"))
     _write(train, out / "train.jsonl")
-    evals = _disjoint_eval(lambda c: gen(c, "eval"), args.eval_size, {s["prompt"] for s in train}, "prompt")
-    _write(evals, out / "eval.jsonl")
+    _write(_disjoint_eval(eval_stream, args.eval_size, {s["prompt"] for s in train}, "prompt"), out / "eval.jsonl")
     _write_meta(out, args)
     return 0
 
 
+@_one_line_errors
 def _run_prosqa(args: argparse.Namespace) -> int:
+    def stream(count: int | None, name: str) -> Iterator[dict[str, Any]]:
+        return iter_prosqa_hard(count, args.nodes, args.path_len, args.edge_factor, args.seed, name)
+
+    train_stream, eval_stream = stream(args.train_size, "train"), stream(None, "eval")  # settings checked here
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-
-    def gen(count: int, stream: str) -> list[dict[str, Any]]:
-        return generate_prosqa_hard(count, args.nodes, args.path_len, args.edge_factor, args.seed, stream)
-
-    train = gen(args.train_size, "train")
+    train = list(_progress(train_stream, args.train_size, "train"))
     _write(train, out / "train.jsonl")
-    evals = _disjoint_eval(lambda c: gen(c, "eval"), args.eval_size, {s["question"] for s in train}, "question")
-    _write(evals, out / "eval.jsonl")
+    _write(_disjoint_eval(eval_stream, args.eval_size, {s["question"] for s in train}, "question"),
+           out / "eval.jsonl")
     _write_meta(out, args)
     return 0
 
@@ -165,15 +197,17 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``data …`` standalone: ``python -m t2mlr.tasks.commands data s5-retrieval --out d``."""
-    parser = argparse.ArgumentParser(prog="t2mlr")
-    subparsers = parser.add_subparsers(dest="command", required=True)
-    register(subparsers)
-    args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except ValueError as err:
-        parser.error(str(err))
+    """Run ``data …`` standalone: ``python -m t2mlr.tasks.commands data s5-retrieval --out d``.
+
+    Returns 0 when done; bad settings print one line and exit with code 2 (SystemExit, as argparse
+    does for bad arguments).
+    """
+    from t2mlr.utils import run_registered
+
+    code = run_registered(register, argv)
+    if code:
+        raise SystemExit(code)
+    return code
 
 
 if __name__ == "__main__":

@@ -30,10 +30,11 @@ concept pairs, i.e. "Every parent is a child."), ``num_nodes`` (int), ``path_len
 
 from __future__ import annotations
 
+import itertools
 import random
 import re
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from t2mlr.tasks.jsonl import read_jsonl, write_jsonl
@@ -42,6 +43,7 @@ __all__ = [
     "check_answer",
     "check_path",
     "generate_prosqa_hard",
+    "iter_prosqa_hard",
     "read_jsonl",
     "write_jsonl",
 ]
@@ -202,6 +204,28 @@ def _validate(nodes_range: tuple[int, int], path_range: tuple[int, int], edge_fa
         raise ValueError(f"edge_factor must be > 0, got {edge_factor}")
 
 
+def iter_prosqa_hard(
+    num_samples: int | None,
+    nodes_range: tuple[int, int] = (56, 64),
+    path_range: tuple[int, int] = (7, 9),
+    edge_factor: float = 1.5,
+    seed: int = 0,
+    stream: str = "train",
+) -> Iterator[dict[str, Any]]:
+    """ProsQA-Hard samples one at a time (None: without end), deterministic in (seed, stream).
+
+    Bad settings fail on the call. The first k samples are the same for any `num_samples` >= k, so
+    a caller can show progress, or draw until it has enough, and get exactly what
+    `generate_prosqa_hard` returns.
+    """
+    if num_samples is not None and num_samples < 0:
+        raise ValueError(f"num_samples must be >= 0, got {num_samples}")
+    _validate(nodes_range, path_range, edge_factor)
+    rng = random.Random(f"t2mlr/prosqa-hard/{stream}/{seed}")
+    counter = itertools.count() if num_samples is None else range(num_samples)
+    return (_make_sample(rng, nodes_range, path_range, edge_factor) for _ in counter)
+
+
 def generate_prosqa_hard(
     num_samples: int,
     nodes_range: tuple[int, int] = (56, 64),
@@ -211,11 +235,7 @@ def generate_prosqa_hard(
     stream: str = "train",
 ) -> list[dict[str, Any]]:
     """``num_samples`` ProsQA-Hard samples, deterministic in (seed, stream)."""
-    if num_samples < 0:
-        raise ValueError(f"num_samples must be >= 0, got {num_samples}")
-    _validate(nodes_range, path_range, edge_factor)
-    rng = random.Random(f"t2mlr/prosqa-hard/{stream}/{seed}")
-    return [_make_sample(rng, nodes_range, path_range, edge_factor) for _ in range(num_samples)]
+    return list(iter_prosqa_hard(num_samples, nodes_range, path_range, edge_factor, seed, stream))
 
 
 def _sentences(text: str) -> list[str]:

@@ -33,6 +33,7 @@ JSONL schema (one object per line, as produced by ``generate_s5_retrieval``):
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -46,6 +47,7 @@ __all__ = [
     "DELIMITER",
     "generate_s5_eval",
     "generate_s5_retrieval",
+    "iter_s5_eval",
     "iter_s5_retrieval",
     "make_sample",
     "read_jsonl",
@@ -194,13 +196,25 @@ def generate_s5_eval(
 
     Each N uses its own stream ``eval-n{N}``, independent of the training stream.
     """
+    return list(iter_s5_eval(size_per_n, n_range, k, dict_size, seed, alphabet))
+
+
+def iter_s5_eval(
+    size_per_n: int,
+    n_range: tuple[int, int] = (1, 48),
+    k: int = 4,
+    dict_size: int = 120,
+    seed: int = 0,
+    alphabet: str = DEFAULT_ALPHABET,
+) -> Iterator[dict[str, Any]]:
+    """The samples of ``generate_s5_eval`` one at a time, in the same order; bad settings fail on the call."""
     if size_per_n < 0:
         raise ValueError(f"size_per_n must be >= 0, got {size_per_n}")
     _validate_config(n_range, k, dict_size)
-    samples: list[dict[str, Any]] = []
-    for n in range(n_range[0], n_range[1] + 1):
-        samples.extend(generate_s5_retrieval(size_per_n, (n, n), k, dict_size, seed, alphabet, f"eval-n{n}"))
-    return samples
+    validate_alphabet(alphabet)
+    streams = (iter_s5_retrieval(size_per_n, (n, n), k, dict_size, seed, alphabet, f"eval-n{n}")
+               for n in range(n_range[0], n_range[1] + 1))
+    return itertools.chain.from_iterable(streams)
 
 
 def _infer_k(dict_part: Sequence[str]) -> int:

@@ -34,9 +34,11 @@ JSONL schema: ``prompt`` (str), ``target`` (str, the text to generate: the digit
 
 from __future__ import annotations
 
+import itertools
 import random
 import re
 import string
+from collections.abc import Iterator
 from typing import Any
 
 from t2mlr.tasks.jsonl import read_jsonl, write_jsonl
@@ -44,6 +46,7 @@ from t2mlr.tasks.jsonl import read_jsonl, write_jsonl
 __all__ = [
     "HEADER",
     "generate_variable_assignment",
+    "iter_variable_assignment",
     "read_jsonl",
     "solve_variable_assignment",
     "write_jsonl",
@@ -115,6 +118,28 @@ def _make_sample(rng: random.Random, depth: int, num_constants: int, num_distrac
     }
 
 
+def iter_variable_assignment(
+    num_samples: int | None,
+    depth: int = 5,
+    num_constants: int = 3,
+    num_distractors: int = 2,
+    seed: int = 0,
+    stream: str = "train",
+) -> Iterator[dict[str, Any]]:
+    """Samples one at a time (None: without end), deterministic in (seed, stream).
+
+    Bad settings fail on the call. The first k samples are the same for any `num_samples` >= k, so
+    a caller can show progress, or draw until it has enough, and get exactly what
+    `generate_variable_assignment` returns.
+    """
+    if num_samples is not None and num_samples < 0:
+        raise ValueError(f"num_samples must be >= 0, got {num_samples}")
+    _validate(depth, num_constants, num_distractors)
+    rng = random.Random(f"t2mlr/variable-assignment/{stream}/{seed}")
+    counter = itertools.count() if num_samples is None else range(num_samples)
+    return (_make_sample(rng, depth, num_constants, num_distractors) for _ in counter)
+
+
 def generate_variable_assignment(
     num_samples: int,
     depth: int = 5,
@@ -124,11 +149,7 @@ def generate_variable_assignment(
     stream: str = "train",
 ) -> list[dict[str, Any]]:
     """``num_samples`` samples, deterministic in (seed, stream); see the module docstring."""
-    if num_samples < 0:
-        raise ValueError(f"num_samples must be >= 0, got {num_samples}")
-    _validate(depth, num_constants, num_distractors)
-    rng = random.Random(f"t2mlr/variable-assignment/{stream}/{seed}")
-    return [_make_sample(rng, depth, num_constants, num_distractors) for _ in range(num_samples)]
+    return list(iter_variable_assignment(num_samples, depth, num_constants, num_distractors, seed, stream))
 
 
 def solve_variable_assignment(prompt: str) -> str:

@@ -156,16 +156,24 @@ def torch_set_threads(choice: tuple[int, str]) -> None:
 
 
 def run_tokenize(args: argparse.Namespace) -> int:
-    from t2mlr.training.data import read_jsonl_documents, write_token_file
-    from t2mlr.utils import load_tokenizer
+    """Exit 0 with the token count printed; 2 with a one-line message on bad input (nothing is left behind)."""
+    from t2mlr.training.data import TOKEN_FILE_LIMIT, DataError, read_jsonl_documents, write_token_file
+    from t2mlr.utils import TokenizerNotFoundError, load_tokenizer
 
-    tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
-    eos = args.eos_token_id if args.eos_token_id is not None else getattr(tokenizer, "eos_token_id", None)
-    if eos is None:
-        print("t2mlr tokenize: no EOS id: pass --eos-token-id or a tokenizer with an eos token", file=sys.stderr)
+    try:
+        tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
+        eos = args.eos_token_id if args.eos_token_id is not None else getattr(tokenizer, "eos_token_id", None)
+        if eos is None:
+            raise DataError("no EOS id: pass --eos-token-id or a tokenizer with an eos token")
+        docs = read_jsonl_documents(args.jsonl, tokenizer, args.text_field, append_eos=True, eos_token_id=eos,
+                                    vocab_size=TOKEN_FILE_LIMIT)
+        count = write_token_file(docs, args.output, eos)
+    except (DataError, TokenizerNotFoundError) as err:
+        print(f"t2mlr tokenize: {err}", file=sys.stderr)
         return 2
-    docs = read_jsonl_documents(args.jsonl, tokenizer, args.text_field, append_eos=True, eos_token_id=eos)
-    count = write_token_file(docs, args.output, eos)
+    except ValueError as err:  # write_token_file's check of --eos-token-id
+        print(f"t2mlr tokenize: {err}", file=sys.stderr)
+        return 2
     print(f"{args.output}: {count} tokens, documents separated by {eos}")
     return 0
 

@@ -16,6 +16,13 @@ trainer: any map-style `torch.utils.data.Dataset` whose items are dicts of 1-D t
   shifts such labels right by one, so that after the model's own shift the logits at t are scored
   against the aligned target at t.
 
+Bad data fail before any training step, with a `DataError` (a ValueError) that names the file, the
+1-based line and the field: a missing or empty file, invalid JSON, a line with neither the ids nor the
+text field, ids that are not integers, a text line without a tokenizer. Given the model's vocabulary
+size (read from its config before the model is built), `build_dataset` also checks every token id
+against [0, vocab_size): jsonl lines as they are read, `.npy` streams in one chunked scan, datasets
+that make rows on demand on a sample of rows (`check_token_range`).
+
 Sampling is a pure function of (seed, step): the position in the data stream is just the number of
 optimizer steps taken, which is what a checkpoint stores, and every rank of a torchrun job derives
 its own share of each global batch from it.
@@ -26,18 +33,64 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
+from tqdm.auto import tqdm
 
 from t2mlr.model.layout import positions_within_documents
 from t2mlr.training.config import DataConfig
-from t2mlr.utils import IGNORE_INDEX, check_known_names, load_tokenizer, signature_fields
+from t2mlr.utils import IGNORE_INDEX, TokenizerNotFoundError, check_known_names, load_tokenizer, signature_fields
 
+# ---------------------------------------------------------------------------------------------
+# Data errors
+
+
+class DataError(ValueError):
+    """Bad training data, said where it is: the file, the 1-based line and the field where known.
+
+    A `ValueError`, so code that already treats bad input as one keeps working; the command line maps
+    it to exit code 2 (bad input), never to 1 (which means a non-finite loss).
+    """
+
+    def __init__(self, message: str, path: str | Path | None = None, line: int | None = None) -> None:
+        self.path = None if path is None else str(path)
+        self.line = line
+        if self.path is not None:
+            message = f"{self.path}:{line}: {message}" if line is not None else f"{self.path}: {message}"
+        super().__init__(message)
+
+
+def _existing_data_file(path: str | Path | None, setting: str) -> Path:
+    """The data file `setting` names, refused with a DataError when it is unset, missing, a directory or empty."""
+    if path is None or str(path) == "":
+        raise DataError(f"{setting} is not set: name the data file to read")
+    file = Path(path)
+    if not file.exists():
+        raise DataError(f"no such data file ({setting})", file)
+    if not file.is_file():
+        raise DataError(f"is not a file ({setting} must name a data file)", file)
+    if file.stat().st_size == 0:
+        raise DataError("the data file is empty", file)
+    return file
+
+
+def _out_of_range(ids: np.ndarray, vocab_size: int | None) -> int | None:
+    """Index of the first id outside [0, vocab_size) (outside [0, ∞) without a vocabulary size), or None."""
+    bad = ids < 0 if vocab_size is None else (ids < 0) | (ids >= vocab_size)
+    if not bad.any():
+        return None
+    return int(np.argmax(bad))
+
+
+def _allowed(vocab_size: int | None) -> str:
+    return "token ids must be >= 0" if vocab_size is None else f"the allowed range is [0, {vocab_size})"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -51,17 +104,21 @@ class PackedTokenDataset(Dataset):
     boundary continues as a new document in the next row, because R_0 = 0 at the start of every
     sequence anyway (docs/semantics.md §3) and RoPE positions then never exceed seq_len. The first token of a
     document gets label -100 (it cannot be predicted from the previous document). A trailing
-    partial row is dropped.
+    partial row is dropped. `source` names where the tokens came from (a file), for error messages.
     """
 
-    def __init__(self, tokens: np.ndarray, doc_starts: np.ndarray, seq_len: int) -> None:
+    def __init__(self, tokens: np.ndarray, doc_starts: np.ndarray, seq_len: int, source: str | None = None) -> None:
         if doc_starts.size and tokens.shape != doc_starts.shape:
             raise ValueError("tokens and doc_starts must have the same shape")
         self.tokens = tokens
         self.doc_starts = doc_starts
         self.seq_len = seq_len
+        self.source = source
+        if seq_len < 1:
+            raise ValueError(f"seq_len must be >= 1, got {seq_len}")
         if len(self) == 0:
-            raise ValueError(f"only {tokens.size} tokens: not enough for one sequence of {seq_len}")
+            raise DataError(f"only {tokens.size} tokens: not enough for one sequence of {seq_len} (data.seq_len)",
+                            source)
 
     def __len__(self) -> int:
         return self.tokens.size // self.seq_len
@@ -91,16 +148,25 @@ class TokenFileDataset(PackedTokenDataset):
     """
 
     def __init__(self, path: str | Path, seq_len: int, eos_token_id: int) -> None:
-        tokens = np.load(path, mmap_mode="r")
-        if tokens.ndim != 1:
-            raise ValueError(f"{path}: expected a 1-D token array, got shape {tokens.shape}")
+        file = _existing_data_file(path, "data.path")
+        try:
+            tokens = np.load(file, mmap_mode="r")
+        except (ValueError, OSError) as err:  # numpy's words for "not a .npy array file"
+            raise DataError(f"not a .npy token array ({err}); write one with `python -m t2mlr.training tokenize`",
+                            file) from err
+        if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
+            raise DataError(f"expected a 1-D array of integer token ids, got shape {tokens.shape} of {tokens.dtype}",
+                            file)
         self.eos_token_id = eos_token_id
-        super().__init__(tokens, np.zeros(0, dtype=bool), seq_len)
+        super().__init__(tokens, np.zeros(0, dtype=bool), seq_len, source=str(file))
 
     def _starts(self, lo: int, hi: int) -> np.ndarray:
         starts = np.zeros(hi - lo, dtype=bool)  # starts[0] is set by the caller (every row starts a document)
         starts[1:] = np.asarray(self.tokens[lo : hi - 1]) == self.eos_token_id
         return starts
+
+
+TOKEN_FILE_LIMIT = 2**32  # token files hold uint16 or uint32 ids
 
 
 def write_token_file(
@@ -110,18 +176,44 @@ def write_token_file(
 
     Streams through a temporary raw file, so memory stays bounded by `chunk_tokens` at corpus scale.
     Returns the number of tokens written; uint16 when the ids fit (SmolLM2's 49152-token vocabulary
-    does), else uint32.
+    does), else uint32. The `.npy` appears only when complete (written beside it, then renamed), and
+    the temporary files are removed whatever goes wrong, including an error in `documents`.
     """
+    if not 0 <= eos_token_id < TOKEN_FILE_LIMIT:
+        raise ValueError(f"the EOS id must lie in [0, 2**32), got {eos_token_id}")
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     raw = path.with_name(path.name + ".raw.tmp")
+    partial = path.with_name(path.name + ".partial.tmp")
+    try:
+        count, largest = _write_raw_tokens(documents, raw, eos_token_id, chunk_tokens)
+        if count == 0:
+            raise ValueError("no documents to write")
+        source = np.memmap(raw, dtype=np.uint32, mode="r", shape=(count,))
+        dtype = np.uint16 if largest < 2**16 else np.uint32
+        target = np.lib.format.open_memmap(partial, mode="w+", dtype=dtype, shape=(count,))
+        for lo in range(0, count, chunk_tokens):
+            target[lo : lo + chunk_tokens] = source[lo : lo + chunk_tokens]
+        target.flush()
+        del target, source
+        os.replace(partial, path)
+    finally:
+        raw.unlink(missing_ok=True)
+        partial.unlink(missing_ok=True)
+    return count
+
+
+def _write_raw_tokens(documents: Iterable[Sequence[int]], raw: Path, eos_token_id: int,
+                      chunk_tokens: int) -> tuple[int, int]:
+    """Documents as uint32 tokens into `raw`, each closed by EOS; returns (token count, largest id)."""
     count, largest, buffered, buffer = 0, 0, 0, []
     with open(raw, "wb") as handle:
-        for doc in documents:
+        for number, doc in enumerate(documents, 1):
             arr = np.asarray(doc, dtype=np.int64)
             if arr.size == 0:
                 continue
-            if arr.min() < 0 or arr.max() >= 2**32:
-                raise ValueError("token ids must lie in [0, 2**32)")
+            if arr.min() < 0 or arr.max() >= TOKEN_FILE_LIMIT:
+                raise ValueError(f"document {number}: token ids must lie in [0, 2**32)")
             if arr[-1] != eos_token_id:
                 arr = np.append(arr, eos_token_id)
             buffer.append(arr.astype(np.uint32))
@@ -131,22 +223,10 @@ def write_token_file(
                 buffer, buffered = [], 0
         if buffer:
             np.concatenate(buffer).tofile(handle)
-    try:
-        if count == 0:
-            raise ValueError("no documents to write")
-        source = np.memmap(raw, dtype=np.uint32, mode="r", shape=(count,))
-        dtype = np.uint16 if largest < 2**16 else np.uint32
-        target = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=(count,))
-        for lo in range(0, count, chunk_tokens):
-            target[lo : lo + chunk_tokens] = source[lo : lo + chunk_tokens]
-        target.flush()
-        del target, source
-    finally:
-        raw.unlink(missing_ok=True)
-    return count
+    return count, largest
 
 
-def pack_documents(documents: Iterable[Sequence[int]], seq_len: int) -> PackedTokenDataset:
+def pack_documents(documents: Iterable[Sequence[int]], seq_len: int, source: str | None = None) -> PackedTokenDataset:
     """Concatenate token documents (empty ones skipped) into a `PackedTokenDataset`."""
     token_parts: list[np.ndarray] = []
     start_parts: list[np.ndarray] = []
@@ -161,43 +241,167 @@ def pack_documents(documents: Iterable[Sequence[int]], seq_len: int) -> PackedTo
         token_parts.append(arr)
         start_parts.append(starts)
     if not token_parts:
-        raise ValueError("no non-empty documents to pack")
+        raise DataError("no non-empty documents to pack", source)
     tokens = np.concatenate(token_parts)
     dtype = np.int32 if tokens.max() < 2**31 else np.int64
-    return PackedTokenDataset(tokens.astype(dtype), np.concatenate(start_parts), seq_len)
+    return PackedTokenDataset(tokens.astype(dtype), np.concatenate(start_parts), seq_len, source)
 
 
 def read_jsonl_documents(
     path: str | Path, tokenizer: Any | None, text_field: str = "text", ids_field: str = "input_ids",
-    append_eos: bool = True, eos_token_id: int | None = None,
+    append_eos: bool = True, eos_token_id: int | None = None, vocab_size: int | None = None,
 ) -> Iterator[list[int]]:
     """Yield one token list per jsonl line: `ids_field` as is, or `text_field` run through the tokenizer.
 
     With `append_eos` an end-of-text token closes each tokenized text (pre-tokenized ids are kept
-    exactly as given), so the model learns where documents end.
+    exactly as given), so the model learns where documents end. Every line is checked as it is read,
+    and a bad one raises a `DataError` naming the file, its 1-based line and the field: invalid JSON,
+    neither field present, ids that are not a list of integers, ids outside [0, vocab_size) (only
+    negative ids without a `vocab_size`), a text line without a tokenizer. A missing or empty file fails
+    on the call itself; a file with only blank lines when the lines run out.
     """
-    with open(path, encoding="utf-8") as handle:
+    file = _existing_data_file(path, "the jsonl data path")
+    eos = eos_token_id if eos_token_id is not None else getattr(tokenizer, "eos_token_id", None)
+    if vocab_size is not None and append_eos and eos is not None and not 0 <= eos < vocab_size:
+        raise DataError(f"the end-of-text id {eos} is outside the model's vocabulary [0, {vocab_size})", file)
+    fields = _JsonlFields(text_field, ids_field, eos if append_eos else None, vocab_size)
+    return _jsonl_documents(file, tokenizer, fields)
+
+
+@dataclass(frozen=True)
+class _JsonlFields:
+    """How a jsonl line becomes token ids (the settings of `read_jsonl_documents`)."""
+
+    text_field: str
+    ids_field: str
+    eos_token_id: int | None
+    vocab_size: int | None
+
+
+def _jsonl_documents(file: Path, tokenizer: Any | None, fields: _JsonlFields) -> Iterator[list[int]]:
+    """The lazy part of `read_jsonl_documents`: one checked token list per non-blank line."""
+    data_lines = 0
+    with open(file, encoding="utf-8") as handle:
         for line_no, line in enumerate(handle, 1):
             if not line.strip():
                 continue
-            record = json.loads(line)
-            if ids_field in record:
-                yield [int(t) for t in record[ids_field]]
-            elif text_field in record:
-                eos = eos_token_id if eos_token_id is not None else getattr(tokenizer, "eos_token_id", None)
-                yield _tokenize_text(record[text_field], tokenizer, eos if append_eos else None, f"{path}:{line_no}")
-            else:
-                raise ValueError(f"{path}:{line_no}: line has neither {ids_field!r} nor {text_field!r}")
+            data_lines += 1
+            yield _line_tokens(_json_object(line, file, line_no), tokenizer, fields, file, line_no)
+    if data_lines == 0:
+        raise DataError("the data file has only blank lines: no documents", file)
 
 
-def _tokenize_text(text: str, tokenizer: Any | None, eos_token_id: int | None, where: str) -> list[int]:
+def _json_object(line: str, file: Path, line_no: int) -> dict[str, Any]:
+    try:
+        record = json.loads(line.rstrip("\r\n"))  # without the newline, the column is the file's column
+    except json.JSONDecodeError as err:
+        raise DataError(f"invalid JSON at column {err.colno}: {err.msg}", file, line_no) from err
+    if not isinstance(record, dict):
+        raise DataError(f"expected a JSON object, got {type(record).__name__}", file, line_no)
+    return record
+
+
+def _line_tokens(record: dict[str, Any], tokenizer: Any | None, fields: _JsonlFields, file: Path,
+                 line_no: int) -> list[int]:
+    """The token ids of one jsonl record, checked; see `read_jsonl_documents`."""
+    if fields.ids_field in record:
+        ids = _integer_ids(record[fields.ids_field], f"field {fields.ids_field!r}", file, line_no)
+        what = f"field {fields.ids_field!r}"
+    elif fields.text_field in record:
+        text = record[fields.text_field]
+        if not isinstance(text, str):
+            raise DataError(f"field {fields.text_field!r} must be a string, got {type(text).__name__}", file, line_no)
+        if tokenizer is None:
+            raise DataError(
+                f"field {fields.text_field!r} holds text but no tokenizer was given (set data.tokenizer in a "
+                f"training config, --tokenizer for tokenize), or give token ids in field {fields.ids_field!r}",
+                file, line_no)
+        ids = _tokenize_text(text, tokenizer, fields.eos_token_id)
+        what = f"the tokenizer's ids for field {fields.text_field!r}"
+    else:
+        raise DataError(f"the line has neither the ids field {fields.ids_field!r} nor the text field "
+                        f"{fields.text_field!r} (keys: {', '.join(map(repr, record)) or 'none'})", file, line_no)
+    bad = _out_of_range(np.asarray(ids, dtype=np.int64), fields.vocab_size) if ids else None
+    if bad is not None:
+        raise DataError(f"{what}: item {bad} is token id {ids[bad]}, out of range: {_allowed(fields.vocab_size)}",
+                        file, line_no)
+    return ids
+
+
+def _integer_ids(value: Any, what: str, file: Path, line_no: int) -> list[int]:
+    """A JSON list of integers as token ids (no floats, strings or booleans: they would be guessed at)."""
+    if not isinstance(value, list):
+        raise DataError(f"{what} must be a list of integer token ids, got {type(value).__name__}", file, line_no)
+    for index, item in enumerate(value):
+        if type(item) is not int or not -(2**63) <= item < 2**63:  # bool is an int subclass: refused too
+            raise DataError(f"{what}: item {index} is {item!r}, not an integer token id", file, line_no)
+    return value
+
+
+def _tokenize_text(text: str, tokenizer: Any, eos_token_id: int | None) -> list[int]:
     """Token ids of one text, closed by `eos_token_id` unless it is None."""
-    if tokenizer is None:
-        raise ValueError(f"{where}: a text line needs data.tokenizer (a tokenizer path or hub id)")
-    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    ids = [int(t) for t in tokenizer(text, add_special_tokens=False)["input_ids"]]
     if eos_token_id is not None:
         ids.append(int(eos_token_id))
     return ids
+
+
+# ---------------------------------------------------------------------------------------------
+# Token range: every id the model embeds or scores must be in its vocabulary
+
+
+DEFAULT_SAMPLE_ROWS = 64  # a wrong vocabulary shows on any row; 64 S5 rows take about half a second
+_SCAN_CHUNK = 1 << 24
+
+
+def check_token_range(dataset: Dataset, vocab_size: int, sample_rows: int = DEFAULT_SAMPLE_ROWS,
+                      name: str = "data") -> None:
+    """Raise a `DataError` if a token id of `dataset` lies outside [0, vocab_size).
+
+    Why before the model is built: an id past the embedding table otherwise fails only at the first
+    training step, as an index error deep inside the embedding, after the model was built. Packed token
+    streams (jsonl and `.npy` data) are scanned in full, in chunks (`.npy` files are memory-mapped);
+    any other dataset (a factory's rows made on demand) is checked on `sample_rows` rows spread evenly
+    over it, inputs and labels both. `name` says which data it is (e.g. `eval.data`) in the message.
+    """
+    if vocab_size < 1:
+        raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
+    if isinstance(dataset, PackedTokenDataset):
+        _scan_token_array(dataset.tokens, vocab_size, dataset.source, name)
+        return
+    for index in _spread_indices(len(dataset), sample_rows):
+        row = dataset[index]
+        for key in ("input_ids", "labels"):
+            if key not in row:
+                continue
+            ids = torch.as_tensor(row[key]).reshape(-1).numpy()
+            if key == "labels":
+                ids = ids[ids != IGNORE_INDEX]
+            bad = _out_of_range(ids, vocab_size)
+            if bad is not None:
+                raise DataError(f"{name}: row {index}, {key}: token id {int(ids[bad])} is outside the model's "
+                                f"vocabulary [0, {vocab_size})")
+
+
+def _spread_indices(size: int, count: int) -> list[int]:
+    """Up to `count` distinct indices spread evenly over [0, size), first and last included."""
+    if size < 1 or count < 1:
+        return []
+    return sorted({int(i) for i in np.linspace(0, size - 1, min(size, count)).round()})
+
+
+def _scan_token_array(tokens: np.ndarray, vocab_size: int, source: str | None, name: str) -> None:
+    """Every id of a (possibly memory-mapped) token array within [0, vocab_size), read in chunks."""
+    if tokens.dtype.kind == "u" and np.iinfo(tokens.dtype).max < vocab_size:
+        return  # the dtype cannot hold an id outside the vocabulary
+    chunks = range(0, tokens.size, _SCAN_CHUNK)
+    bar = tqdm(chunks, desc=f"checking {name} token ids", unit="chunk", disable=len(chunks) < 8, leave=False)
+    for lo in bar:
+        bad = _out_of_range(np.asarray(tokens[lo : lo + _SCAN_CHUNK]), vocab_size)
+        if bad is not None:
+            where = f"{name}: " if source is None else ""
+            raise DataError(f"{where}token {lo + bad:,} of the stream is id {int(tokens[lo + bad])}, outside the "
+                            f"model's vocabulary [0, {vocab_size})", source)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -255,25 +459,73 @@ class SyntheticChainDataset(Dataset):
 # Building a dataset from config
 
 
-def build_dataset(cfg: DataConfig) -> Dataset:
-    """The dataset a data config describes (see `DataConfig`)."""
+def build_dataset(cfg: DataConfig, vocab_size: int | None = None, sample_rows: int = DEFAULT_SAMPLE_ROWS,
+                  name: str = "data") -> Dataset:
+    """The dataset a data config describes (see `DataConfig`).
+
+    Bad data raise a `DataError` here, before any training: a missing or empty file, a bad jsonl line
+    (file and line named). With `vocab_size` (the model's, read from its config before the model is
+    built) every token id is also checked against [0, vocab_size): jsonl lines as they are read (file
+    and line named), `.npy` streams in a full chunked scan, other datasets on `sample_rows` rows
+    (`check_token_range`); the pad and end-of-text ids too. `name` is the config section (`data`,
+    `eval.data`) the messages name.
+    """
+    if vocab_size is not None:
+        _check_special_ids(cfg, vocab_size, name)
     if cfg.source == "jsonl":
-        tokenizer = load_tokenizer(cfg.tokenizer) if cfg.tokenizer else None
+        tokenizer = _data_tokenizer(cfg, name)
         if tokenizer is not None and cfg.append_eos and cfg.eos_token_id is None and tokenizer.eos_token_id is None:
-            raise ValueError("data.append_eos is set but the tokenizer has no eos token: set data.eos_token_id")
-        docs = read_jsonl_documents(cfg.path, tokenizer, cfg.text_field, cfg.ids_field, cfg.append_eos,
-                                    cfg.eos_token_id)
-        return pack_documents(docs, cfg.seq_len)
+            raise ValueError(f"{name}.append_eos is set but the tokenizer has no eos token: set {name}.eos_token_id")
+        file = _existing_data_file(cfg.path, f"{name}.path")
+        docs = read_jsonl_documents(file, tokenizer, cfg.text_field, cfg.ids_field, cfg.append_eos,
+                                    cfg.eos_token_id, vocab_size)
+        return pack_documents(docs, cfg.seq_len, source=str(file))
     if cfg.source == "tokens":
         if cfg.eos_token_id is None:
-            raise ValueError("data.source=tokens needs data.eos_token_id (the document separator)")
-        return TokenFileDataset(cfg.path, cfg.seq_len, cfg.eos_token_id)
-    if cfg.source in ("synthetic", "factory"):
-        dataset = dataset_callable(cfg)(**dataset_kwargs(cfg))
+            raise ValueError(f"{name}.source=tokens needs {name}.eos_token_id (the document separator)")
+        dataset: Dataset = TokenFileDataset(_existing_data_file(cfg.path, f"{name}.path"), cfg.seq_len,
+                                            cfg.eos_token_id)
+    elif cfg.source in ("synthetic", "factory"):
+        dataset = _call_factory(cfg, name)
         if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
-            raise TypeError(f"data.factory {cfg.factory!r} must return a map-style Dataset, got {type(dataset)}")
-        return dataset
-    raise ValueError(f"unknown data source {cfg.source!r}")
+            raise TypeError(f"{name}.factory {cfg.factory!r} must return a map-style Dataset, got {type(dataset)}")
+        if len(dataset) == 0:
+            raise DataError(f"{name}: the dataset has no rows")
+    else:
+        raise ValueError(f"unknown data source {cfg.source!r}")
+    if vocab_size is not None:
+        check_token_range(dataset, vocab_size, sample_rows, name)
+    return dataset
+
+
+def _call_factory(cfg: DataConfig, name: str) -> Dataset:
+    """The factory's dataset; a missing file or a bad value it reports becomes a DataError naming the factory."""
+    factory = dataset_callable(cfg)
+    kwargs = dataset_kwargs(cfg)
+    try:
+        return factory(**kwargs)
+    except DataError:
+        raise
+    except (FileNotFoundError, ValueError) as err:
+        label = "SyntheticChainDataset" if cfg.source == "synthetic" else cfg.factory
+        raise DataError(f"{name}: {label}: {err}") from err
+
+
+def _data_tokenizer(cfg: DataConfig, name: str) -> Any | None:
+    """The tokenizer `data.tokenizer` names (None when unset); one that cannot be loaded is a DataError."""
+    if not cfg.tokenizer:
+        return None
+    try:
+        return load_tokenizer(cfg.tokenizer)
+    except TokenizerNotFoundError as err:
+        raise DataError(f"{name}.tokenizer: {err}") from err
+
+
+def _check_special_ids(cfg: DataConfig, vocab_size: int, name: str) -> None:
+    """The pad id (used when rows differ in length) and the configured EOS id must be embeddable."""
+    for key, value in (("pad_token_id", cfg.pad_token_id), ("eos_token_id", cfg.eos_token_id)):
+        if value is not None and not 0 <= value < vocab_size:
+            raise DataError(f"{name}.{key} = {value} is outside the model's vocabulary [0, {vocab_size})")
 
 
 SYNTHETIC_DEFAULTS = {"num_samples": 4096, "vocab_size": 64}
@@ -420,7 +672,7 @@ class ResumableBatchSampler(Sampler[list[int]]):
                 f"world size {world_size}"
             )
         if num_samples < 1:
-            raise ValueError("the dataset is empty")
+            raise DataError("data: the training dataset is empty")
         self.num_samples = num_samples
         self.global_batch_size = global_batch_size
         self.micro_batch_size = micro_batch_size
@@ -488,7 +740,8 @@ def eval_batches(
     per_rank = batch_size // world_size
     n = min(max_batches, len(dataset) // batch_size)
     if n < 1:
-        raise ValueError(f"eval dataset has {len(dataset)} rows, fewer than one eval batch of {batch_size}")
+        raise DataError(f"eval.data: the eval dataset has {len(dataset)} rows, fewer than one eval batch of "
+                        f"{batch_size} (eval.batch_size)")
     batches = []
     for b in range(n):
         lo = b * batch_size + rank * per_rank
