@@ -49,6 +49,7 @@ __all__ = [
     "WORD_PATTERN",
     "build_s5_tokenizer",
     "build_word_tokenizer",
+    "numbered_tokenizer",
     "encode_s5_sample",
     "word_vocab_from_texts",
 ]
@@ -95,6 +96,18 @@ def build_word_tokenizer(vocab_tokens: Iterable[str], split_pattern: str | None 
     return PreTrainedTokenizerFast(
         tokenizer_object=core, pad_token=PAD, bos_token=BOS, eos_token=EOS, unk_token=UNK
     )
+
+
+def numbered_tokenizer(vocab_size: int, prefix: str = "t") -> PreTrainedTokenizerFast:
+    """Words `t0 t1 ... t{V-1}` for token ids 0..V-1, and nothing else: a tokenizer for data that is
+    token ids only (the trainer's synthetic data), so its runs save a tokenizer that `t2mlr generate`
+    can use (`t2mlr generate runs/debug/final --prompt "t3 t17"`)."""
+    if vocab_size < 1:
+        raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
+    vocab = {f"{prefix}{i}": i for i in range(vocab_size)}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=f"{prefix}0"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=core)
 
 
 def word_vocab_from_texts(texts: Iterable[str], pattern: str = WORD_PATTERN) -> list[str]:

@@ -107,6 +107,7 @@ def train_overrides(args: argparse.Namespace) -> list[str]:
 def run_train(args: argparse.Namespace) -> int:
     from t2mlr.training.checkpoint import CheckpointError
     from t2mlr.training.config import ConfigError, load_config
+    from t2mlr.training.data import DataError
     from t2mlr.training.trainer import NonFiniteLossError, train
 
     try:
@@ -125,7 +126,7 @@ def run_train(args: argparse.Namespace) -> int:
     except NonFiniteLossError as err:
         print(f"t2mlr train: stopped: {err}", file=sys.stderr)
         return 1
-    except (CheckpointError, FileExistsError, ConfigError) as err:
+    except (CheckpointError, FileExistsError, ConfigError, DataError) as err:
         print(f"t2mlr train: {err}", file=sys.stderr)
         return 2
     log.info("done at step %d; last checkpoint: %s", result.step, result.last_checkpoint)

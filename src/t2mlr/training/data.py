@@ -430,6 +430,14 @@ class SyntheticChainDataset(Dataset):
         self.min_doc_len, self.max_doc_len, self.noise = min_doc_len, max_doc_len, noise
         self.successor = np.random.default_rng(rule_seed).permutation(vocab_size)
 
+    @property
+    def tokenizer(self) -> Any:
+        """Words `t0 .. t{V-1}` for the token ids (`t2mlr.tasks.tokenizers.numbered_tokenizer`): saved with
+        the run's checkpoints, so they load in `t2mlr generate`."""
+        from t2mlr.tasks.tokenizers import numbered_tokenizer
+
+        return numbered_tokenizer(self.vocab_size)
+
     def __len__(self) -> int:
         return self.num_samples
 

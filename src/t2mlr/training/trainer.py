@@ -48,6 +48,7 @@ from t2mlr.training.distributed import DistEnv
 from t2mlr.training.metrics import MetricsWriter, setup_logging
 from t2mlr.training.model_factory import (
     RECURRENCE_ONLY_INPUTS,
+    base_config,
     build_model,
     decoder_layers,
     describe_path,
@@ -115,8 +116,8 @@ class Trainer:
         dist_utils.barrier(self.env)
         setup_logging(self.out_dir, self.env.is_main)
         _check_batch_split(cfg, self.env)
+        self._build_data()  # first: bad data fail before a model is built (it draws no random numbers)
         self._build_model()
-        self._build_data()
         self.checkpoints = CheckpointManager(self.out_dir / CHECKPOINT_DIR, self.env, cfg.checkpoint.keep_last)
         self.metrics = MetricsWriter(self.out_dir, self.env.is_main, cfg.logging.tensorboard)
         self.step = 0
@@ -160,12 +161,13 @@ class Trainer:
 
     def _build_data(self) -> None:
         cfg = self.cfg
-        self.train_set = build_dataset(cfg.data)
+        vocab_size = base_config(cfg.model).vocab_size  # token ids are checked against it
+        self.train_set = build_dataset(cfg.data, vocab_size=vocab_size, name="data")
         self.tokenizer = run_tokenizer(self.train_set, cfg.data)
         self.collator = Collator(cfg.data.pad_token_id, labels_aligned(self.train_set, cfg.data))
         self.eval_data: list[dict[str, torch.Tensor]] = []
         if cfg.eval.every > 0 and cfg.eval.data is not None:
-            eval_set = build_dataset(cfg.eval.data)
+            eval_set = build_dataset(cfg.eval.data, vocab_size=vocab_size, name="eval.data")
             eval_collator = Collator(cfg.eval.data.pad_token_id, labels_aligned(eval_set, cfg.eval.data))
             self.eval_data = eval_batches(eval_set, eval_collator, cfg.eval.batch_size, cfg.eval.max_batches,
                                           self.env.rank, self.env.world_size)
