@@ -88,6 +88,8 @@ def test_other_bad_records(tokenizer, tmp_path: Path) -> None:
         "json.jsonl": ('{"text": "a"}\n{"text": "b",\n', r"json\.jsonl: line 2: not valid JSON"),
         "list.jsonl": ('["text"]\n', r"list\.jsonl: line 1: expected a JSON object, got a list"),
         "number.jsonl": ('{"text": 5}\n', r"number\.jsonl: line 1: field 'text' is a int, expected a string"),
+        "surrogate.jsonl": ('{"text": "emoji \\ud83d\\ude00 ok"}\n{"text": "half \\ud83d"}\n',
+                            r"surrogate\.jsonl: line 2: field 'text' holds an unpaired surrogate"),
     }
     for name, (content, message) in cases.items():
         (tmp_path / name).write_text(content)
@@ -162,6 +164,15 @@ def test_an_unreachable_hub_dataset_is_named(tokenizer, tmp_path: Path, monkeypa
         resolve_inputs("someone/some-corpus")
     with pytest.raises(CorpusError, match=r"hub dataset 'hf://datasets/someone/some-corpus/\*\.parquet' cannot be listed"):
         resolve_inputs("hf://datasets/someone/some-corpus/*.parquet")
+
+
+def test_evaluation_files_of_a_hub_dataset_are_not_taken_by_accident() -> None:
+    from t2mlr.corpus.sources import _looks_held_out
+
+    assert _looks_held_out("hf://datasets/a/b/data/test-00000-of-00001.parquet")
+    assert _looks_held_out("hf://datasets/a/b/validation/part.jsonl")
+    assert not _looks_held_out("hf://datasets/a/b/data/train-00000-of-00004.parquet")
+    assert not _looks_held_out("hf://datasets/a/b/sample/10BT/000_00000.parquet")
 
 
 def test_bad_arguments_and_output_directories(tokenizer, tmp_path: Path) -> None:

@@ -177,7 +177,20 @@ def _resolve_hub(hub_path: str, spec: str) -> list[InputFile]:
     ]
     if not files:
         raise CorpusError(f"hub dataset {spec!r} holds no {'/'.join(FORMATS)} file")
+    held_out = [f.path for f in files if _looks_held_out(f.path)]
+    if held_out and not any(char in hub_path for char in "*?["):
+        raise CorpusError(
+            f"hub dataset {spec!r} also holds evaluation files ({', '.join(held_out[:3])}); choose the training "
+            f"files with an hf:// glob, e.g. hf://datasets/{hub_path.removeprefix('datasets/')}/<path>/train-*.parquet"
+        )
     return files
+
+
+def _looks_held_out(path: str) -> bool:
+    """Whether a data file's path names a test/validation split (tokenizing it into training data by
+    accident is the mistake a bare hub id invites)."""
+    parts = re.split(r"[/_.-]", path.lower())
+    return bool({"test", "validation", "valid", "val", "dev", "eval"} & set(parts))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -261,6 +274,14 @@ def _text_of_json_line(raw: bytes, file: InputFile, line: int, text_field: str) 
         raise CorpusError(
             f"{file.path}: line {line}: field {text_field!r} is a {type(text).__name__}, expected a string"
         )
+    if b"\\ud" in raw or b"\\uD" in raw:  # JSON may escape a lone surrogate, which no tokenizer accepts
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise CorpusError(
+                f"{file.path}: line {line}: field {text_field!r} holds an unpaired surrogate escape "
+                f"(\\ud800-\\udfff), which is not Unicode text"
+            ) from None
     return text
 
 
