@@ -86,3 +86,17 @@ def test_an_incomplete_or_too_small_corpus_is_refused(corpus, tmp_path: Path) ->
         ShardedTokenDataset(incomplete, 8)
     with pytest.raises(CorpusError, match="no manifest.json"):
         ShardedTokenDataset(tmp_path, 8)
+
+
+def test_rows_batch_through_the_trainer_collator(corpus) -> None:
+    from torch.utils.data import DataLoader
+
+    from t2mlr.training.data import Collator
+
+    out, _, _ = corpus
+    dataset = ShardedTokenDataset(out, 32)
+    batch = next(iter(DataLoader(dataset, batch_size=4, collate_fn=Collator())))
+    assert batch["input_ids"].shape == (4, 32) and "attention_mask" not in batch
+    assert torch.equal(batch["position_ids"][2], dataset[2]["position_ids"])
+    inside = batch["position_ids"] != 0
+    assert torch.equal(batch["labels"][inside], batch["input_ids"][inside]) and (batch["labels"][~inside] == -100).all()

@@ -4,6 +4,7 @@ tokenizer, and the `corpus` command group."""
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 from pathlib import Path
 
@@ -139,3 +140,11 @@ def test_the_corpus_commands_end_to_end(tmp_path: Path, capsys: pytest.CaptureFi
     assert corpus_main(["tokenize", str(tmp_path / "missing.jsonl"), "--tokenizer", str(tmp_path / "tok"),
                         "--out", str(tmp_path / "x")]) == 2
     assert "missing.jsonl': no such file" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not Path("/usr/share/dictd/gcide.index").is_file(), reason="dict-gcide is not installed")
+def test_the_installed_gcide_index_parses() -> None:
+    entries = gcide_entries()
+    assert len(entries) > 100_000
+    assert len({offset for offset, _, _ in entries}) == len(entries)
+    assert all(a[0] + a[1] <= b[0] for a, b in itertools.pairwise(entries))  # distinct, non-overlapping, in order

@@ -95,6 +95,8 @@ def test_lists_globs_and_directories_are_read_in_order(tokenizer, tmp_path: Path
     data = tmp_path / "data"
     data.mkdir()
     paths = [write_jsonl(part, data / f"part{i}.jsonl") for i, part in enumerate(parts)]
+    (data / ".ipynb_checkpoints").mkdir()
+    write_jsonl(parts[0], data / ".ipynb_checkpoints" / "part0-checkpoint.jsonl")  # hidden: not an input
     whole = write_jsonl(DOCS, tmp_path / "whole.jsonl")
     tokenize_corpus(whole, tokenizer, tmp_path / "one", workers=0, shard_tokens=300, progress=False)
     runs = {"list": paths, "glob": str(data / "part*.jsonl"), "directory": data}

