@@ -493,6 +493,14 @@ def build_dataset(cfg: DataConfig, vocab_size: int | None = None, sample_rows: i
             raise ValueError(f"{name}.source=tokens needs {name}.eos_token_id (the document separator)")
         dataset: Dataset = TokenFileDataset(_existing_data_file(cfg.path, f"{name}.path"), cfg.seq_len,
                                             cfg.eos_token_id)
+    elif cfg.source == "shards":
+        from t2mlr.corpus.dataset import ShardedTokenDataset
+        from t2mlr.corpus.errors import CorpusError
+
+        try:
+            dataset = ShardedTokenDataset(cfg.path, cfg.seq_len)
+        except CorpusError as err:
+            raise DataError(f"{name}.path: {err}") from err
     elif cfg.source in ("synthetic", "factory"):
         dataset = _call_factory(cfg, name)
         if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
