@@ -98,16 +98,18 @@ def build_word_tokenizer(vocab_tokens: Iterable[str], split_pattern: str | None 
     )
 
 
-def numbered_tokenizer(vocab_size: int, prefix: str = "t") -> PreTrainedTokenizerFast:
+def numbered_tokenizer(vocab_size: int, pad_token_id: int = 0, prefix: str = "t") -> PreTrainedTokenizerFast:
     """Words `t0 t1 ... t{V-1}` for token ids 0..V-1, and nothing else: a tokenizer for data that is
     token ids only (the trainer's synthetic data), so its runs save a tokenizer that `t2mlr generate`
-    can use (`t2mlr generate runs/debug/final --prompt "t3 t17"`)."""
-    if vocab_size < 1:
-        raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
+    and `t2mlr eval` can use (`t2mlr generate runs/debug/final --prompt "t3 t17"`). The padding token is
+    the data's padding id; unknown words map to it too."""
+    if vocab_size < 1 or not 0 <= pad_token_id < vocab_size:
+        raise ValueError(f"need vocab_size >= 1 and 0 <= pad_token_id < vocab_size, got {vocab_size}, {pad_token_id}")
     vocab = {f"{prefix}{i}": i for i in range(vocab_size)}
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=f"{prefix}0"))
+    pad = f"{prefix}{pad_token_id}"
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=pad))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=core)
+    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token=pad, unk_token=pad)
 
 
 def word_vocab_from_texts(texts: Iterable[str], pattern: str = WORD_PATTERN) -> list[str]:

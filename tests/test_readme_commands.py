@@ -1,0 +1,115 @@
+"""Every shell command in the README runs as written on a CPU-only machine, or at a tiny scale, or is
+run (at a tiny scale) by a named test. A README command that none of the three covers fails here, so
+the README and the tests cannot drift apart."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from t2mlr.cli import main as cli_main
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+
+# Run exactly as written, in this order, in one scratch directory (later ones use earlier runs).
+AS_WRITTEN = [
+    "t2mlr train debug --out runs/debug",
+    "t2mlr plot runs/debug",
+    't2mlr generate runs/debug/final --prompt "t3 t17 t5" --max-new-tokens 8',
+    "t2mlr train debug --out runs/debug_resumed --stop-after 20 && t2mlr train debug --out runs/debug_resumed --resume",
+    't2mlr generate runs/debug/final --prompt "t3 t17 t5" --max-new-tokens 16',
+    't2mlr generate runs/debug/final --prompt "t3 t17 t5" --prefill jacobi --prefill-depth 8 --do-sample --top-p 0.9',
+    't2mlr generate runs/debug/final --prompt "t3 t17 t5" --prefill jacobi --prefill-depth 16 --prefill-tol 1e-3',
+    "t2mlr eval run --model t2mlr --model_args pretrained=runs/debug/final,recurrence=exact --tasks t2mlr_toy",
+    "python -m t2mlr.evaluation run --model t2mlr --model_args pretrained=runs/debug/final,recurrence=jacobi,"
+    "d_forward=16 --tasks t2mlr_toy",
+]
+
+# The same command with smaller sizes (the written one takes minutes to hours, or needs the hub).
+TINY = {
+    "t2mlr data s5-retrieval --out data/s5 --k 4 --train-n 1-32 --eval-n 1-48":
+        "t2mlr data s5-retrieval --out data/s5 --k 4 --train-n 1-32 --eval-n 1-48 --train-size 20 --eval-size 2",
+    "t2mlr data variable-assignment --depth 5 --out data/va":
+        "t2mlr data variable-assignment --depth 5 --out data/va --size 20 --eval-size 5",
+    "t2mlr data prosqa-hard --out data/prosqa":
+        "t2mlr data prosqa-hard --out data/prosqa --train-size 10 --eval-size 3",
+}
+
+# Run at a tiny scale by these tests (they take longer, or need torchrun or the corpus fixtures).
+COVERED_BY = {
+    "pip install torch==2.13.0 && pip install -e . && t2mlr experiment s5-retrieval --preset cpu --out runs/s5":
+        "tests/test_experiment_s5.py::test_tiny_experiment_end_to_end",
+    'pip install torch==2.13.0 && pip install -e ".[test]" && python -m pytest': ".ci/run",
+    't2mlr corpus tokenize "fineweb-edu/*.parquet" --tokenizer HuggingFaceTB/SmolLM2-135M --out data/fineweb '
+    "--workers 8": "tests/test_corpus_tokenize.py",
+    "t2mlr train smollm2_135m_13_18 --out runs/135m_13_18 data.source=shards data.path=data/fineweb":
+        "tests/test_corpus_training.py::test_training_reads_shards_and_keeps_document_starts",
+    "torchrun --nproc_per_node 8 -m t2mlr train smollm2_135m_13_18 --out runs/135m_13_18 --parallel fsdp":
+        "tests/test_training_distributed.py::test_fsdp_two_ranks_match_single_process_across_resume",
+    "t2mlr eval run --model t2mlr --model_args pretrained=DIR,recurrence=exact --tasks arc_easy,hellaswag "
+    "--batch_size 8": "tests/test_lm_eval.py",
+    "python benchmarks/text_corpus.py --out data/stdlib": "tests/test_benchmarks.py",
+    "t2mlr train configs/overhead_cpu.yaml --out runs/overhead_cpu": "tests/test_training_config.py::test_every_preset_loads",
+    "python benchmarks/train_overhead.py --checkpoint runs/overhead_cpu/checkpoints/step_00000400 "
+    "--data data/stdlib/eval.jsonl --tokenizer data/stdlib/tokenizer --batch 8 --tol 1e-2": "tests/test_benchmarks.py",
+}
+
+
+def readme_commands() -> list[str]:
+    """Each command line of the README's bash blocks: comments dropped, continuation lines joined."""
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = re.sub(r"\s+#.*$", "", line.strip()) if not line.strip().startswith("#") else ""
+            if line:
+                commands.append(re.sub(r"\s+", " ", line))
+    return commands
+
+
+def test_every_readme_command_is_covered() -> None:
+    known = set(AS_WRITTEN) | set(TINY) | set(COVERED_BY)
+    missing = [command for command in readme_commands() if command not in known]
+    assert not missing, "README commands no test runs:\n" + "\n".join(missing)
+    stale = [command for command in known if command not in readme_commands()]
+    assert not stale, "commands listed here that the README no longer has:\n" + "\n".join(stale)
+
+
+def test_the_covering_tests_exist() -> None:
+    for target in COVERED_BY.values():
+        path, _, name = target.partition("::")
+        assert (REPO / path).is_file(), target
+        if name:
+            assert f"def {name}(" in (REPO / path).read_text(encoding="utf-8"), target
+
+
+def run(command: str) -> None:
+    """One command line: each `&&` part through the CLI in this process, or `python -m` in a subprocess."""
+    for part in command.split("&&"):
+        argv = shlex.split(part)
+        if argv[0] == "t2mlr":
+            assert cli_main(argv[1:]) == 0, part
+        elif argv[:2] == ["python", "-m"]:
+            env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+            done = subprocess.run([sys.executable, *argv[1:]], env=env, capture_output=True, text=True)
+            assert done.returncode == 0, part + "\n" + done.stderr[-3000:]
+        else:
+            raise AssertionError(f"no runner for {part!r}")
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_readme_commands_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    for command in AS_WRITTEN:
+        run(command)
+    for command in TINY.values():
+        run(command)
+    assert (tmp_path / "runs" / "debug" / "curves.png").is_file()
+    assert (tmp_path / "runs" / "debug_resumed" / "final" / "model.safetensors").is_file()
+    assert (tmp_path / "data" / "prosqa" / "eval.jsonl").is_file()
