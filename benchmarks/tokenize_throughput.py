@@ -42,8 +42,7 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import machine_info, parse_int_list, print_report  # noqa: E402
+from t2mlr.analysis.benchmarking import machine_info, parse_int_list, print_report
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,8 +16,6 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def load_script(name: str) -> ModuleType:
-    if str(BENCHMARKS) not in sys.path:  # the script imports its shared _timing module
-        sys.path.insert(0, str(BENCHMARKS))
     spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCHMARKS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
