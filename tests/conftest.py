@@ -13,6 +13,12 @@ from t2mlr import T2MLRConfig, T2MLRForCausalLM
 VOCAB = 61
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """One torch thread for the whole suite: the models here are tiny, so a second thread only adds
+    synchronisation, and on a shared 2-core CI machine it spin-waits against other processes."""
+    torch.set_num_threads(1)
+
+
 def tiny_base_config(family: str = "llama", layers: int = 5, hidden: int = 32, **overrides):
     common = dict(
         vocab_size=VOCAB,

@@ -27,9 +27,6 @@ AS_WRITTEN = [
     't2mlr generate runs/debug/final --prompt "t3 t17 t5" --max-new-tokens 16',
     't2mlr generate runs/debug/final --prompt "t3 t17 t5" --prefill jacobi --prefill-depth 8 --do-sample --top-p 0.9',
     't2mlr generate runs/debug/final --prompt "t3 t17 t5" --prefill jacobi --prefill-depth 16 --prefill-tol 1e-3',
-    "t2mlr eval run --model t2mlr --model_args pretrained=runs/debug/final,recurrence=exact --tasks t2mlr_toy",
-    "python -m t2mlr.evaluation run --model t2mlr --model_args pretrained=runs/debug/final,recurrence=jacobi,"
-    "d_forward=16 --tasks t2mlr_toy",
 ]
 
 # The same command with smaller sizes (the written one takes minutes to hours, or needs the hub).
@@ -44,6 +41,10 @@ TINY = {
 
 # Run at a tiny scale by these tests (they take longer, or need torchrun or the corpus fixtures).
 COVERED_BY = {
+    "t2mlr eval run --model t2mlr --model_args pretrained=runs/debug/final,recurrence=exact --tasks t2mlr_toy":
+        "tests/test_lm_eval.py::test_readme_eval_command_runs_without_a_device_option",
+    "python -m t2mlr.evaluation run --model t2mlr --model_args pretrained=runs/debug/final,recurrence=jacobi,"
+    "d_forward=16 --tasks t2mlr_toy": "tests/test_lm_eval.py::test_readme_module_command_runs_jacobi_without_a_device_option",
     "pip install torch==2.13.0 && pip install -e . && t2mlr experiment s5-retrieval --preset cpu --out runs/s5":
         "tests/test_experiment_s5.py::test_tiny_experiment_end_to_end",
     'pip install torch==2.13.0 && pip install -e ".[test]" && python -m pytest': ".ci/run",
