@@ -153,7 +153,7 @@ def torch_set_threads(choice: tuple[int, str]) -> None:
 
     threads, why = choice
     torch.set_num_threads(threads)
-    log.info("torch CPU threads: %d (%s)", threads, why)
+    print(f"t2mlr train: {threads} torch CPU thread(s) ({why})", file=sys.stderr)
 
 
 def run_tokenize(args: argparse.Namespace) -> int:
