@@ -1,11 +1,14 @@
-"""``t2mlr corpus …``: tokenizing corpora into shards, and the offline English corpus.
+"""Tokenize text corpora into token shards for pretraining (`data.source: shards`), and build an
+English corpus that needs no hub.
 
-    t2mlr corpus tokenize "data/*.parquet" --tokenizer HuggingFaceTB/SmolLM2-135M --out tokens/ --workers 8
-    t2mlr corpus prepare-offline data/english --vocab 8192     # needs: apt-get install python3.11-doc dict-gcide
-    t2mlr corpus train-tokenizer data/english/train.jsonl --out data/english/tokenizer --vocab 8192
+examples:
+  t2mlr corpus tokenize "data/*.parquet" --tokenizer HuggingFaceTB/SmolLM2-135M --out tokens/ --workers 8
+  t2mlr corpus prepare-offline data/english --vocab 8192     # needs: apt-get install python3.11-doc dict-gcide
+  t2mlr corpus train-tokenizer data/english/train.jsonl --out data/english/tokenizer --vocab 8192
 
-The main CLI calls ``register(subparsers)``; every leaf parser sets ``func`` (``args → exit code``:
-0 done, 2 bad input). ``main(argv)`` runs this group on its own.
+tokenize streams parquet, jsonl(.gz) or txt files (memory stays flat), tokenizes in worker processes,
+writes shards atomically and resumes an interrupted run in the same --out with byte-identical shards.
+Exit codes: 0 done, 2 bad input (the message names the file, the line or row, and the cause).
 """
 
 from __future__ import annotations

@@ -1,12 +1,18 @@
-"""`t2mlr generate MODEL_DIR --prompt "..."`: stream a continuation to stdout.
+"""Generate a continuation of a prompt with a saved model, printing tokens as they are decoded.
 
-The main CLI calls `register(subparsers)`; the parser sets `func` (args → exit code). Tokens are
-printed as they are decoded (transformers' `TextStreamer`), the prompt itself is not echoed.
+MODEL_DIR is a model directory: a training run's final/ or one of its checkpoints/step_N, or any
+directory written by save_pretrained with its tokenizer (a plain transformers model works too). The
+prompt itself is not echoed; without --prompt it is read from stdin.
 
-Examples:
-    t2mlr generate runs/t2mlr-135m --prompt "The capital of France is" --max-new-tokens 32
-    t2mlr generate runs/t2mlr-135m --prompt "..." --prefill jacobi --prefill-depth 8
-    t2mlr generate runs/t2mlr-135m --prompt "..." --do-sample --top-p 0.9 --temperature 0.8 --seed 0
+examples:
+  t2mlr generate runs/debug/final --prompt "t3 t17 t5" --max-new-tokens 16
+  t2mlr generate runs/135m/final --prompt "The capital of France is" --prefill jacobi --prefill-depth 8
+  t2mlr generate runs/135m/final --prompt "..." --do-sample --top-p 0.9 --temperature 0.8 --seed 0
+
+--prefill picks the prompt's forward path: exact (token by token, the definition) or jacobi (the
+whole prompt in parallel, --prefill-depth iterations, exact once the depth exceeds the prompt's
+length; --prefill-tol stops the iterations once the state settles). Every generated token is one exact
+step either way. Exit codes: 0 done, 2 bad input (a missing directory or tokenizer, a bad setting).
 """
 
 from __future__ import annotations
