@@ -240,3 +240,30 @@ def test_module_help_runs_as_a_program() -> None:
                           timeout=300, env={**os.environ, "PYTHONPATH": source})
     assert done.returncode == 0, done.stderr
     assert done.stdout.index("--model_args of --model t2mlr") < done.stdout.index("usage: lm-eval")
+
+
+@pytest.mark.parametrize("kind", ["matched transformer", "middle looped"])
+def test_baselines_are_scored_through_the_same_entry(kind: str, task_manager, tmp_path: Path) -> None:
+    """Every arm of a comparison goes through --model t2mlr: a baseline is scored as the plain causal LM it is."""
+    from t2mlr.baselines import LoopedConfig, LoopedForCausalLM, MatchedLlamaForCausalLM, matched_llama_config
+
+    torch.manual_seed(0)
+    base = tiny_model(dtype=torch.float32).config.base_config
+    if kind == "matched transformer":
+        model = MatchedLlamaForCausalLM(matched_llama_config(base, 40))
+    else:
+        model = LoopedForCausalLM(LoopedConfig.from_base(base, 2, 4, 3))
+    model.save_pretrained(tmp_path / "baseline")
+    build_tokenizer().save_pretrained(tmp_path / "baseline")
+    results = _evaluate(tmp_path / "baseline", task_manager, ["t2mlr_toy"])
+    assert results["config"]["t2mlr_recurrence"] == "none" and results["config"]["t2mlr_placement"] is None
+    tokenizer = build_tokenizer()
+    for (context, continuation), score in _scores(results):
+        whole, context_ids = tokenizer.encode(context + continuation), tokenizer.encode(context)
+        with torch.no_grad():
+            logits = model(torch.tensor([whole[:-1]])).logits[0]
+        logprobs = torch.log_softmax(logits.double(), dim=-1)[len(context_ids) - 1 :]
+        expected = float(logprobs.gather(-1, torch.tensor(whole[len(context_ids):])[:, None]).sum())
+        assert abs(score - expected) <= 1e-4
+    with pytest.raises(ValueError, match="has no recurrence"):
+        _evaluate(tmp_path / "baseline", task_manager, ["t2mlr_toy"], recurrence="jacobi")

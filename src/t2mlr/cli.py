@@ -20,11 +20,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plot": ("t2mlr.training.commands", "plot a run's loss and fusion-gate curves"),
     "tokenize": ("t2mlr.training.commands", "tokenize a jsonl corpus into one .npy token file (small corpora)"),
     "corpus": ("t2mlr.corpus.commands", "tokenize corpora (parquet/jsonl/txt) into resumable token shards; offline English corpus"),
-    "generate": ("t2mlr.generation.commands", "generate text from a saved model, streaming tokens"),
+    "generate": ("t2mlr.generation.commands", "generate text from a saved model (T²MLR or a baseline), streaming tokens"),
     "eval": ("t2mlr.evaluation.commands", "evaluate with lm-evaluation-harness (the t2mlr model registered)"),
     "params": ("t2mlr.experiments.parameter_counts", "parameter counts of T²MLR and its matched baselines"),
     "experiment": ("t2mlr.experiments.commands", "run a paper experiment end to end"),
 }
+# Commands that load saved models also load every model type the library defines (the baselines register
+# theirs with the Auto classes when imported), so a saved baseline loads like a T²MLR model.
+LOADS_SAVED_MODELS = {"generate": ("t2mlr.baselines",)}
 DESCRIPTION = "T²MLR: Transformer with Temporal Middle-Layer Recurrence. `t2mlr COMMAND --help` explains a command."
 
 
@@ -54,6 +57,8 @@ def _command_of(argv: Sequence[str]) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = _command_of(argv)
+    for module in LOADS_SAVED_MODELS.get(command, ()):
+        importlib.import_module(module)
     parser = build_parser(command) if command is not None else _summary_parser()
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)

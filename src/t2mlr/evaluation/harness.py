@@ -155,9 +155,10 @@ def run_harness(argv: Sequence[str]) -> int:
         print(help_text(), flush=True)
         if not argv:
             argv = ["--help"]
-    import t2mlr.evaluation.lm_eval_model  # noqa: F401  (registers "t2mlr")
     from lm_eval._cli import HarnessCLI
     from lm_eval.utils import setup_logging
+
+    import t2mlr.evaluation.lm_eval_model  # noqa: F401  (registers "t2mlr")
 
     saved = sys.argv
     sys.argv = ["lm-eval", *argv]  # HarnessCLI reads sys.argv (it inserts "run" for the legacy form)

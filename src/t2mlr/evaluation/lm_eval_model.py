@@ -36,8 +36,14 @@ from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from tqdm import tqdm
-from transformers import PreTrainedTokenizerBase, StoppingCriteria, StoppingCriteriaList
+from transformers import (
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
 
+import t2mlr.baselines  # noqa: F401  (registers the baselines' model types, so saved baselines load here too)
 from t2mlr.generation.loading import load_model
 from t2mlr.model import T2MLRForCausalLM, is_t2mlr
 from t2mlr.model.configuration import check_depths
@@ -112,9 +118,15 @@ class T2MLRLM(TemplateLM):
         self.batch_size = self._check_batch_size(batch_size)
         del max_batch_size  # passed by simple_evaluate; only meaningful with batch_size=auto, which is refused
         self.model = self._load_model(pretrained, device or "auto", dtype)
+        self.recurrent = is_t2mlr(self.model)
+        if not self.recurrent and (recurrence != "exact" or d_forward is not None):
+            raise ValueError(
+                f"{type(self.model).__name__} has no recurrence: recurrence=jacobi and d_forward apply to T²MLR "
+                "models only (a baseline is scored as the plain causal LM it is)"
+            )
         self.tokenizer = self._load_tokenizer(tokenizer if tokenizer is not None else pretrained)
         self._device = self.model.device
-        self.recurrence = recurrence
+        self.recurrence = recurrence if self.recurrent else "none"
         self.d_forward = self.model.config.d_forward if recurrence == "jacobi" and d_forward is None else d_forward
         self.pretrained = pretrained if isinstance(pretrained, str) else type(pretrained).__name__
         self._max_length = max_length
@@ -132,14 +144,11 @@ class T2MLRLM(TemplateLM):
         return batch_size
 
     @staticmethod
-    def _load_model(pretrained: str | T2MLRForCausalLM, device: str, dtype: str) -> T2MLRForCausalLM:
+    def _load_model(pretrained: str | PreTrainedModel, device: str, dtype: str) -> PreTrainedModel:
+        """A T²MLR model, or a plain causal LM (the baselines: matched Transformer, looped, pause tokens,
+        LSTM) scored through the same entry so every arm of a comparison is evaluated the same way."""
         model = load_model(pretrained, device=device, dtype=dtype) if isinstance(pretrained, str) else pretrained
-        if not is_t2mlr(model):
-            raise ValueError(
-                f"--model t2mlr needs a T²MLR model, got {type(model).__name__}; evaluate plain transformers "
-                "models with --model hf"
-            )
-        if model.config.recurrence_mask_policy != "all":
+        if is_t2mlr(model) and model.config.recurrence_mask_policy != "all":
             raise ValueError(
                 "this model was configured with recurrence_mask_policy='mask' (fusion only where a per-token mask "
                 "says so); lm-eval requests carry no such mask. Save it with recurrence_mask_policy='all' to "
@@ -164,16 +173,22 @@ class T2MLRLM(TemplateLM):
     # ----------------------------------------------------------------------------- the path
     @property
     def path_description(self) -> str:
+        if not self.recurrent:
+            return f"plain causal LM ({type(self.model).__name__}, no recurrence)"
         return "exact" if self.recurrence == "exact" else f"jacobi(d_forward={self.d_forward})"
 
     def forward_path_kwargs(self) -> dict[str, Any]:
         """Forward arguments that pin the path (no gradients here, so d_backward=1 is always valid)."""
+        if not self.recurrent:
+            return {}
         if self.recurrence == "exact":
             return {"recurrence": "exact"}
         return {"recurrence": "jacobi", "d_forward": self.d_forward, "d_backward": 1}
 
     def prefill_kwargs(self) -> dict[str, Any]:
         """`generate()` arguments for the prompt's forward."""
+        if not self.recurrent:
+            return {}
         if self.recurrence == "exact":
             return {"prefill": "exact"}
         return {"prefill": "jacobi", "prefill_depth": self.d_forward}
@@ -193,7 +208,8 @@ class T2MLRLM(TemplateLM):
     def max_length(self) -> int:
         if self._max_length:
             return int(self._max_length)
-        return int(getattr(self.model.config.base_config, "max_position_embeddings", 2048))
+        config = self.model.config
+        return int(getattr(getattr(config, "base_config", None) or config, "max_position_embeddings", 2048))
 
     @property
     def max_gen_toks(self) -> int:
@@ -363,7 +379,8 @@ class T2MLRLM(TemplateLM):
         return {
             "model_num_parameters": sum(p.numel() for p in self.model.parameters()),
             "model_dtype": str(self.model.dtype),
-            "t2mlr_placement": [config.l_start, config.l_end],
+            "model_type": config.model_type,
+            "t2mlr_placement": [config.l_start, config.l_end] if self.recurrent else None,
             "t2mlr_recurrence": self.recurrence,
             "t2mlr_d_forward": self.d_forward,
         }
