@@ -19,7 +19,8 @@ CONFIG_DIR = PRESET_DIRS[0]
 @pytest.mark.parametrize("path", sorted(CONFIG_DIR.glob("*.yaml")), ids=lambda p: p.stem)
 def test_every_preset_loads(path: Path) -> None:
     cfg = load_config(path)
-    assert 1 <= cfg.model.l_start <= cfg.model.l_end
+    if cfg.model.arch == "t2mlr":  # the baseline presets' settings are checked in test_training_baselines.py
+        assert 1 <= cfg.model.l_start <= cfg.model.l_end
 
 
 @pytest.mark.parametrize("placement", [(13, 18), (9, 22), (5, 26), (1, 30)])

@@ -39,7 +39,7 @@ class LayerInputs:
     masks: list[Any]  # per layer: 4D mask, 2D mask or None, as transformers builds it
     position_ids: torch.Tensor
     position_embeddings: tuple[torch.Tensor, torch.Tensor]
-    cache: T2MLRCache | None
+    cache: DynamicCache | None
 
     def without_cache(self) -> "LayerInputs":
         """The same inputs for a pass that must not write keys and values (the Jacobi iterations)."""
@@ -145,9 +145,10 @@ def layer_inputs(
     hidden: torch.Tensor,
     attention_mask: torch.Tensor | None,
     layout: TokenLayout,
-    cache: T2MLRCache | None,
+    cache: DynamicCache | None,
 ) -> LayerInputs:
-    """Masks (one per layer, built once per attention kind) and rotary embeddings of a chunk."""
+    """Masks (one per layer, built once per attention kind) and rotary embeddings of a chunk. `cache`
+    (a T2MLRCache, or a baseline's own DynamicCache subclass) sizes the masks."""
     extra = {}
     if layout.document_ids is not None:
         extra["and_mask_function"] = _same_document(layout.document_ids)

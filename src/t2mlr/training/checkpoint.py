@@ -317,6 +317,7 @@ class CheckpointManager:
                 write_durable(tmp / filename, lambda p, text=text: p.write_text(text))
             if write_extra is not None:
                 write_extra(tmp)
+        barrier(self.env)  # rank 0 has made tmp/rng (and cleared stale ones) before any rank writes into it
         rng_path = tmp / "rng" / f"rank_{self.env.rank:05d}.pt"
         write_durable(rng_path, lambda p: torch.save(capture_rng(), p))
         barrier(self.env)
