@@ -28,7 +28,12 @@ import torch
 from tqdm import tqdm
 
 from t2mlr.model.pretrained import load_pretrained_base
-from t2mlr.tasks.arithmetic import ArithmeticSettings, few_shot_prompt, generate_arithmetic_problems, plain_prompt
+from t2mlr.tasks.arithmetic import (
+    ArithmeticSettings,
+    few_shot_prompt,
+    generate_arithmetic_problems,
+    plain_prompt,
+)
 from t2mlr.tasks.scoring import extract_gsm_answer, gsm_exact_match
 
 STOP_STRINGS = ["\n\n", "Question:"]

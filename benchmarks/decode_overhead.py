@@ -17,10 +17,20 @@ and one torch thread (2048 tokens of a 135M model take minutes per run on a CPU;
 is what is compared; one thread because more spin-wait against other load, see t2mlr.analysis.benchmarking),
 three placements, three pairs: about 8.5 minutes.
 
+`--models` compares any arms side by side instead, each against the parameter-matched Transformer and
+each next to its FLOP-model prediction (`t2mlr.baselines.costs`): `t2mlr:S-E` (T²MLR at the base width),
+`looped:full:K` / `looped:S-E:K` (blocks looped K times), `pause:P` (the ×P pause-token model: P − 1
+pause tokens after every real token), `transformer` (the reference, always measured). Every baseline
+gets the width matched to T²MLR (`t2mlr.baselines.matching.matched_arms`; 584 at the 135M shape). For
+each arm and length: `--repeats` pairs of runs against the Transformer, alternating which goes first;
+reported: each one's median ms/token and the median of the per-pair ratios.
+
     python benchmarks/decode_overhead.py                       # CPU defaults
     python benchmarks/decode_overhead.py --quick               # < 1 minute: (5,26), 32 tokens, 3 pairs
     python benchmarks/decode_overhead.py --device cuda         # GPU: 512/1024/2048 tokens, bf16
     python benchmarks/decode_overhead.py --lengths 512 --placements 9-22 --repeats 5 --threads 2   # idle machine
+    python benchmarks/decode_overhead.py --models t2mlr:13-18,t2mlr:9-22,pause:2,looped:full:2,looped:9-22:3,transformer \
+        --lengths 32,128                                       # the paper's looped and pause-token baselines
 """
 
 from __future__ import annotations
@@ -33,11 +43,24 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from t2mlr import T2MLRConfig, T2MLRForCausalLM
-from t2mlr.analysis.benchmarking import machine_info, median_ratio, paired_times, parse_int_list, parse_placements, print_report
-from t2mlr.baselines.matching import count_parameters, matched_baseline_config
+from t2mlr.analysis.benchmarking import (
+    machine_info,
+    median_ratio,
+    paired_times,
+    parse_int_list,
+    parse_placements,
+    print_report,
+)
+from t2mlr.baselines.costs import decode_flops
+from t2mlr.baselines.matching import (
+    Arm,
+    count_parameters,
+    matched_arms,
+    matched_baseline_config,
+    parse_model_specs,
+)
 from t2mlr.model.shapes import smollm2_shaped_config
 from t2mlr.utils import DTYPES, resolve_device, resolve_dtype
-
 
 PAPER_PLACEMENTS = "1-30,5-26,9-22"
 
@@ -54,6 +77,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: 1 on CPU, see the docstring)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="smoke run: placement 5-26, 32 tokens, 3 pairs")
+    p.add_argument("--models", default=None, help="compare these arms instead of --placements: t2mlr:S-E, "
+                   "looped:full:K, looped:S-E:K, pause:P (×P: P − 1 pauses per token), transformer; comma-separated")
     args = p.parse_args(argv)
     args.device = resolve_device(args.device)
     cuda = args.device.type == "cuda"
@@ -61,6 +86,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.placements, args.lengths, args.repeats = "5-26", args.lengths or "32", 3
     args.lengths = parse_int_list(args.lengths or ("512,1024,2048" if cuda else "64,128,256"))
     args.placements = parse_placements(args.placements)
+    try:
+        args.models = None if args.models is None else parse_model_specs(args.models)
+    except ValueError as err:
+        p.error(str(err))
     args.dtype = resolve_dtype(args.dtype or ("bfloat16" if cuda else "float32"))
     if args.repeats < 1:
         p.error("--repeats must be >= 1")
@@ -68,11 +97,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def build_t2mlr(placement: tuple[int, int], args: argparse.Namespace) -> T2MLRForCausalLM:
+    return build_from_config(T2MLRConfig.from_base(smollm2_shaped_config(args.hidden), *placement), args)
+
+
+def build_from_config(config: object, args: argparse.Namespace) -> PreTrainedModel:
+    """A seeded random model of any registered config; T²MLR's gates opened (see the module docstring)."""
     torch.manual_seed(args.seed)
-    model = T2MLRForCausalLM(T2MLRConfig.from_base(smollm2_shaped_config(args.hidden), *placement))
-    with torch.no_grad():
-        model.fusion.gamma_cur.fill_(-0.5)
-        model.fusion.gamma_rec.fill_(0.5)
+    model = AutoModelForCausalLM.from_config(config)
+    if isinstance(model, T2MLRForCausalLM):
+        with torch.no_grad():
+            model.fusion.gamma_cur.fill_(-0.5)
+            model.fusion.gamma_rec.fill_(0.5)
     return model.to(device=args.device, dtype=args.dtype).eval()
 
 
@@ -105,19 +140,34 @@ def greedy_run(model: PreTrainedModel, new_tokens: int, device: torch.device) ->
     return run
 
 
+def measure_pairs(
+    name: str, model: PreTrainedModel, baseline: PreTrainedModel, length: int, args: argparse.Namespace
+) -> tuple[list[float], list[float], float]:
+    """`--repeats` paired generation times of `model` and the baseline, and the median per-pair ratio."""
+    ours, base = paired_times(
+        greedy_run(model, length, args.device), greedy_run(baseline, length, args.device), args.repeats, args.device
+    )
+    ratio = median_ratio(ours, base)
+    print(f"  {name} {length:5d} tokens: ratio {ratio:.3f} (pairs: "
+          + ", ".join(f"{o / b:.3f}" for o, b in zip(ours, base)) + ")", flush=True)
+    return ours, base, ratio
+
+
+def warm_up(*models: PreTrainedModel, device: torch.device) -> None:
+    """Lazy initialisation, allocator, kernel selection: one short generation each before timing."""
+    for model in models:
+        greedy_run(model, 8, device)()
+
+
 def measure_placement(
     placement: tuple[int, int], baseline: PreTrainedModel, args: argparse.Namespace
 ) -> list[list[object]]:
     """Table rows (one per length) for one placement."""
     model = build_t2mlr(placement, args)
-    for candidate in (model, baseline):  # warm-up: lazy initialisation, allocator, kernel selection
-        greedy_run(candidate, 8, args.device)()
+    warm_up(model, baseline, device=args.device)
     rows = []
     for length in args.lengths:
-        ours, base = paired_times(
-            greedy_run(model, length, args.device), greedy_run(baseline, length, args.device), args.repeats, args.device
-        )
-        ratio = median_ratio(ours, base)
+        ours, base, ratio = measure_pairs(str(placement), model, baseline, length, args)
         rows.append(
             [
                 f"T²MLR{placement}",
@@ -129,10 +179,46 @@ def measure_placement(
                 f"{ratio:.3f}×",
             ]
         )
-        print(f"  {placement} {length:5d} tokens: ratio {ratio:.3f} (pairs: "
-              + ", ".join(f"{o / b:.3f}" for o, b in zip(ours, base)) + ")", flush=True)
     del model
     return rows
+
+
+def measure_arm(arm: Arm, baseline: PreTrainedModel, reference: Arm, args: argparse.Namespace) -> list[list[object]]:
+    """Table rows (one per length) for one arm of `--models`, each with the FLOP model's prediction."""
+    model = build_from_config(arm.config, args)
+    warm_up(model, baseline, device=args.device)
+    rows = []
+    for length in args.lengths:
+        ours, base, ratio = measure_pairs(arm.spec.name, model, baseline, length, args)
+        predicted = decode_flops(arm.config, length) / decode_flops(reference.config, length)
+        rows.append([
+            arm.spec.label, arm.hidden_size, f"{arm.parameters:,}", length,
+            f"{1000 * statistics.median(ours) / length:.1f}", f"{1000 * statistics.median(base) / length:.1f}",
+            f"{ratio:.3f}×", f"{predicted:.3f}×",
+        ])
+    del model
+    return rows
+
+
+def compare_models(args: argparse.Namespace, info: dict[str, str], argv: list[str] | None) -> None:
+    """`--models`: every arm against the parameter-matched Transformer, with the FLOP model beside it."""
+    from t2mlr.baselines.matching import ModelSpec
+
+    specs = [spec for spec in args.models if spec.kind != "transformer"]
+    target, arms = matched_arms(smollm2_shaped_config(args.hidden), [*specs, ModelSpec("transformer")])
+    reference = arms[-1]
+    baseline = build_from_config(reference.config, args)
+    print(f"SmolLM2-135M {'shape' if args.hidden == 576 else f'proportions at hidden {args.hidden}'}; T²MLR "
+          f"parameters {target:,}; matched Transformer: hidden {reference.hidden_size}, {reference.parameters:,} "
+          "parameters", flush=True)
+    rows = []
+    for arm in arms[:-1]:
+        rows += measure_arm(arm, baseline, reference, args)
+    headers = ["model", "hidden", "parameters", "new tokens", "ms/token", "Transformer ms/token",
+               "time ratio", "FLOP ratio"]
+    title = (f"Decoding cost vs the parameter-matched Transformer ({str(args.dtype).removeprefix('torch.')}, "
+             f"greedy from BOS, median of {args.repeats} paired runs; FLOP ratio from t2mlr.baselines.costs)")
+    print_report(title, info, "decode_overhead.py", argv, headers, rows)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -140,6 +226,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads is not None or args.device.type == "cpu":
         torch.set_num_threads(args.threads or 1)
     info = machine_info(args.device)
+    if args.models is not None:
+        compare_models(args, info, argv)
+        return
     with torch.device("meta"):  # parameter count without allocating weights (same for every placement)
         reference = T2MLRForCausalLM(T2MLRConfig.from_base(smollm2_shaped_config(args.hidden), *args.placements[0]))
     t2mlr_params = count_parameters(reference)
@@ -156,6 +245,7 @@ def main(argv: list[str] | None = None) -> None:
     title = (f"Decoding overhead vs the parameter-matched Transformer ({str(args.dtype).removeprefix('torch.')}, "
              f"greedy from BOS, median of {args.repeats} paired runs)")
     print_report(title, info, "decode_overhead.py", argv, headers, rows)
+
 
 if __name__ == "__main__":
     main()

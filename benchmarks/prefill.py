@@ -47,7 +47,14 @@ from pathlib import Path
 import torch
 
 from t2mlr import T2MLRCache, T2MLRConfig, T2MLRForCausalLM
-from t2mlr.analysis.benchmarking import machine_info, parse_int_list, parse_placements, print_report, text_rows, timed
+from t2mlr.analysis.benchmarking import (
+    machine_info,
+    parse_int_list,
+    parse_placements,
+    print_report,
+    text_rows,
+    timed,
+)
 from t2mlr.model.shapes import smollm2_shaped_config
 from t2mlr.utils import DTYPES, resolve_device, resolve_dtype
 

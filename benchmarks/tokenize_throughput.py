@@ -44,7 +44,6 @@ import torch
 
 from t2mlr.analysis.benchmarking import machine_info, parse_int_list, print_report
 
-
 # ---------------------------------------------------------------------------------------------
 # Corpus, tokenizer, texts
 

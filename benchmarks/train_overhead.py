@@ -24,11 +24,22 @@ meaningful on a trained model, whose cache converges: `--checkpoint DIR` times a
 (its own shape, placement and gates; the Transformer variant is its base model) on real text rows
 from `--data` (a jsonl of {"text"} lines, tokenized with the checkpoint's data tokenizer).
 
+`--models` compares any arms instead, each against the parameter-matched Transformer (the backbone
+widened to T²MLR's parameter count, `t2mlr.baselines.matching.matched_arms`), each next to its FLOP-model
+prediction (`t2mlr.baselines.costs`): `t2mlr:S-E` (Jacobi at --d-forward / --d-backward), `looped:full:K`,
+`looped:S-E:K`, `pause:P` (×P: P − 1 pause tokens after every real token; --seq counts real tokens),
+`transformer`. Arms are built one at a time (two 135M models with AdamW state fit where six would not)
+and timed in `--repeats` rounds against the Transformer, alternating which goes first; reported: median
+step times and the median of per-round ratios. No memory column in this mode.
+
     python benchmarks/train_overhead.py                 # CPU, scaled down: 30 blocks, hidden 128, seq 256
     python benchmarks/train_overhead.py --gpu           # full SmolLM2-135M shape, seq 2048, bf16 autocast
     # trained checkpoint on CPU (recipe in configs/overhead_cpu.yaml):
     python benchmarks/train_overhead.py --checkpoint runs/overhead_cpu/checkpoints/step_00000400 \
         --data data/stdlib/eval.jsonl --tokenizer data/stdlib/tokenizer --tol 1e-2
+    # the paper's looped and pause-token baselines, full SmolLM2-135M shape, CPU
+    python benchmarks/train_overhead.py --hidden 576 --vocab 49152 --seq 256 --batch 1 --repeats 3 --warmup 1 \
+        --models t2mlr:13-18,pause:2,looped:full:2,looped:9-22:3,transformer
 """
 
 from __future__ import annotations
@@ -38,8 +49,8 @@ import json
 import os
 import statistics
 import subprocess
-import threading
 import sys
+import threading
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -50,11 +61,10 @@ import torch
 from torch import nn
 
 from t2mlr import T2MLRForCausalLM
-from t2mlr.analysis.benchmarking import text_rows
+from t2mlr.analysis.benchmarking import machine_info, markdown_table, text_rows
 from t2mlr.model.shapes import smollm2_shaped_config
 from t2mlr.training.config import OptimConfig
 from t2mlr.training.optim import build_optimizer
-
 
 VARIANTS = ("transformer", "t2mlr-fixed", "t2mlr-tol")
 
@@ -80,6 +90,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data", type=Path, default=None, help="jsonl text rows for the batch (default: random ids)")
     p.add_argument("--tokenizer", default=None, help="tokenizer of --data's text lines")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
+    p.add_argument("--models", default=None, help="compare these arms against the matched Transformer instead: "
+                   "t2mlr:S-E, looped:full:K, looped:S-E:K, pause:P (×P), transformer; comma-separated")
     p.add_argument("--memory-child", choices=VARIANTS, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.hidden = args.hidden or (576 if args.gpu else 128)
@@ -90,6 +102,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         adopt_checkpoint_shape(args)
     if (args.data is None) != (args.tokenizer is None):
         p.error("--data and --tokenizer go together")
+    if args.models is not None:
+        from t2mlr.baselines.matching import parse_model_specs
+
+        if args.checkpoint is not None:
+            p.error("--models builds random models of the given shape; it does not take --checkpoint")
+        try:
+            args.models = parse_model_specs(args.models)
+        except ValueError as err:
+            p.error(str(err))
     return args
 
 
@@ -126,18 +147,27 @@ def build_variant(name: str, args: argparse.Namespace, device: torch.device) -> 
     return Variant(name, model, kwargs, optimizer)
 
 
-def random_t2mlr(args: argparse.Namespace) -> T2MLRForCausalLM:
-    """T²MLR around a freshly initialised base, gates opened (see the module docstring)."""
-    from transformers import LlamaForCausalLM
+def base_shape(args: argparse.Namespace, positions: int | None = None) -> Any:
+    """The base decoder config the command line describes (SmolLM2-135M's proportions), with room for
+    `positions` positions (default: --seq)."""
+    return smollm2_shaped_config(args.hidden, num_hidden_layers=args.layers, vocab_size=args.vocab,
+                                 max_position_embeddings=max(8192, positions or args.seq))
 
-    config = smollm2_shaped_config(args.hidden, num_hidden_layers=args.layers, vocab_size=args.vocab,
-                                   max_position_embeddings=max(8192, args.seq))
-    model = T2MLRForCausalLM.from_base(LlamaForCausalLM(config), args.l_start, args.l_end,
-                                       d_forward=args.d_forward, d_backward=args.d_backward)
+
+def open_gates(model: T2MLRForCausalLM) -> T2MLRForCausalLM:
     with torch.no_grad():
         model.fusion.gamma_cur.fill_(-0.5)
         model.fusion.gamma_rec.fill_(0.5)
     return model
+
+
+def random_t2mlr(args: argparse.Namespace) -> T2MLRForCausalLM:
+    """T²MLR around a freshly initialised base, gates opened (see the module docstring)."""
+    from transformers import LlamaForCausalLM
+
+    model = T2MLRForCausalLM.from_base(LlamaForCausalLM(base_shape(args)), args.l_start, args.l_end,
+                                       d_forward=args.d_forward, d_backward=args.d_backward)
+    return open_gates(model)
 
 
 def make_batch(args: argparse.Namespace, device: torch.device) -> dict[str, torch.Tensor]:
@@ -275,9 +305,62 @@ def cpu_memory(name: str, argv: list[str]) -> int:
     return int(json.loads(done.stdout.strip().splitlines()[-1])["bytes"])
 
 
+def arm_variant(name: str, config: Any, device: torch.device) -> Variant:
+    """A seeded random model of an arm's config with AdamW, trained on the arm's own path (T²MLR: the
+    config's Jacobi depths, passed explicitly)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    kwargs: dict[str, Any] = {}
+    if isinstance(model, T2MLRForCausalLM):
+        open_gates(model)
+        kwargs = {"recurrence": "jacobi", "d_forward": config.d_forward, "d_backward": config.d_backward}
+    model.to(device).train()
+    return Variant(name, model, kwargs, build_optimizer(model, OptimConfig(lr=1e-4, betas=(0.9, 0.98), weight_decay=0.01)))
+
+
+def compare_models(args: argparse.Namespace, argv: list[str], device: torch.device) -> None:
+    """`--models`: each arm's training step against the matched Transformer's, with the FLOP model's ratio."""
+    from t2mlr.baselines.costs import train_step_flops
+    from t2mlr.baselines.matching import ModelSpec, matched_arms
+
+    info = machine_info(device)  # before the runs: the load average at start
+    specs = [spec for spec in args.models if spec.kind != "transformer"]
+    longest = args.seq * max(spec.period or 1 for spec in specs)  # a ×P pause model runs P positions per token
+    target, arms = matched_arms(base_shape(args, longest), [*specs, ModelSpec("transformer")],
+                                d_forward=args.d_forward, d_backward=args.d_backward)
+    reference = arms[-1]
+    transformer = arm_variant("transformer", reference.config, device)
+    batch = make_batch(args, device)
+    print(f"device {device}; {args.layers} blocks, T²MLR hidden {args.hidden} ({target:,} parameters), matched "
+          f"Transformer hidden {reference.hidden_size} ({reference.parameters:,}); seq {args.seq}, batch {args.batch}; "
+          f"T²MLR Jacobi d_forward {args.d_forward}, d_backward {args.d_backward}; fp32", flush=True)
+    rows = []
+    for arm in arms[:-1]:
+        variant = arm_variant(arm.spec.name, arm.config, device)
+        timing = time_paired([transformer, variant], batch, args, device)
+        ratio = timing[variant.name]["median_ratio_vs_transformer"]
+        predicted = train_step_flops(arm.config, args.seq) / train_step_flops(reference.config, args.seq)
+        print(f"  {arm.spec.name}: ratio {ratio:.3f}, FLOP model {predicted:.3f}", flush=True)
+        rows.append([arm.spec.label, arm.hidden_size, f"{arm.parameters:,}",
+                     f"{timing[variant.name]['median_step_s']:.3f}", f"{timing['transformer']['median_step_s']:.3f}",
+                     f"{ratio:.2f}×", f"{predicted:.2f}×"])
+        del variant
+    print(f"\n### Training step vs the parameter-matched Transformer (forward + backward + clip + AdamW, median of "
+          f"{args.repeats} paired rounds after {args.warmup} warm-up; FLOP ratio from t2mlr.baselines.costs)\n")
+    print("\n".join(f"- {key}: {value}" for key, value in info.items()))
+    print(f"- command: python benchmarks/train_overhead.py {' '.join(argv)}\n")
+    print(markdown_table(["model", "hidden", "parameters", "step s", "Transformer step s", "time ratio",
+                          "FLOP ratio"], rows))
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
+    if args.models is not None:
+        compare_models(args, argv, torch.device("cuda") if args.gpu else torch.device("cpu"))
+        return
     if args.memory_child:
         cpu_memory_child(args.memory_child, args)
         return

@@ -74,6 +74,17 @@ def random_ids(batch: int, length: int, seed: int = 1) -> torch.Tensor:
     return torch.randint(3, VOCAB, (batch, length), generator=generator)
 
 
+def left_padded(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of different lengths, left-padded with pad id 0, and their attention mask."""
+    width = max(len(row) for row in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row):] = row
+        mask[i, width - len(row):] = 1
+    return ids, mask
+
+
 @pytest.fixture
 def one_torch_thread() -> Iterator[None]:
     """Tiny models run fastest on one thread, and on a shared 2-core machine a second torch thread

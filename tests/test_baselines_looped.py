@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import VOCAB, random_ids, tiny_base_config
+from conftest import VOCAB, left_padded, random_ids, tiny_base_config
 from transformers import AutoModelForCausalLM, GPT2Config, Qwen3Config
 
 import t2mlr.baselines  # noqa: F401  (registers the baseline model types)
@@ -18,7 +18,7 @@ from t2mlr.baselines import (
     t2mlr_parameter_count,
     transformer_parameter_count,
 )
-from t2mlr.baselines.baseline_matching import looped_parameter_count
+from t2mlr.baselines.matching import parameter_count_of_config as looped_parameter_count
 from t2mlr.model.shapes import smollm2_135m_t2mlr_config as smollm2_135m_config
 
 LAYERS = 5
@@ -37,17 +37,6 @@ def base_model(family: str = "llama", seed: int = 0, **overrides) -> torch.nn.Mo
 
 def looped(start: int, end: int, loops: int, family: str = "llama", **overrides) -> LoopedForCausalLM:
     return LoopedForCausalLM.from_base(base_model(family, **overrides), start, end, loops).eval()
-
-
-def left_padded(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows of different lengths, left-padded with pad id 0, and their attention mask."""
-    width = max(len(row) for row in rows)
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    mask = torch.zeros(len(rows), width, dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids[i, width - len(row):] = row
-        mask[i, width - len(row):] = 1
-    return ids, mask
 
 
 def hand_looped_logits(base, ids: torch.Tensor, start: int, end: int, loops: int) -> torch.Tensor:
@@ -201,15 +190,16 @@ def test_matched_looped_at_smollm2_135m(smollm_t2mlr, start: int, end: int, loop
     count = looped_parameter_count(config)
     assert target <= count <= 1.01 * target
     assert count == transformer_parameter_count(base)  # looping adds no parameters
-    narrower = LoopedConfig.from_base(matched_llama_config(t2mlr_config.base_config, 583), start, end, loops)
+    narrower = LoopedConfig.from_base(matched_llama_config(t2mlr_config.base_config, 583), loop_start=start, loop_end=end,
+                                      loops=loops)
     assert looped_parameter_count(narrower) < target
 
 
 def test_block_cost_ratio_follows_the_cost_model() -> None:
     base = smollm2_135m_config().base_config
-    assert LoopedConfig.from_base(base, 1, 30, 2).block_cost_ratio == 2.0
-    assert LoopedConfig.from_base(base, 9, 22, 3).block_cost_ratio == pytest.approx((30 + 2 * 14) / 30)
-    assert LoopedConfig.from_base(base, 9, 22, 1).block_cost_ratio == 1.0
+    assert LoopedConfig.from_base(base, loop_blocks="full", loops=2).block_cost_ratio == 2.0
+    assert LoopedConfig.from_base(base, loop_blocks="9-22", loops=3).block_cost_ratio == pytest.approx((30 + 2 * 14) / 30)
+    assert LoopedConfig.from_base(base, loop_start=9, loop_end=22, loops=1).block_cost_ratio == 1.0
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import VOCAB, random_ids, tiny_base_config
+from conftest import VOCAB, left_padded, random_ids, tiny_base_config
 from transformers import AutoModelForCausalLM
 
 import t2mlr.baselines  # noqa: F401  (registers the baseline model types)
@@ -18,7 +18,7 @@ from t2mlr.baselines import (
     t2mlr_parameter_count,
     transformer_parameter_count,
 )
-from t2mlr.baselines.baseline_matching import pause_parameter_count
+from t2mlr.baselines.matching import parameter_count_of_config as pause_parameter_count
 from t2mlr.model.shapes import smollm2_135m_t2mlr_config as smollm2_135m_config
 
 
@@ -32,16 +32,6 @@ def pause_model(pauses: int = 1, family: str = "llama", **overrides) -> PauseFor
     with torch.no_grad():
         model.pause_embeddings.weight.normal_(0.0, 1.0, generator=torch.Generator().manual_seed(5))
     return model
-
-
-def left_padded(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(row) for row in rows)
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    mask = torch.zeros(len(rows), width, dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids[i, width - len(row):] = row
-        mask[i, width - len(row):] = 1
-    return ids, mask
 
 
 def base_logits_on_interleaved(model: PauseForCausalLM, ids: torch.Tensor) -> torch.Tensor:

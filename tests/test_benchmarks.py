@@ -10,10 +10,10 @@ from types import ModuleType
 
 import pytest
 import torch
+from conftest import open_gates, tiny_base_config
 from transformers import LlamaForCausalLM
 
 from t2mlr import T2MLRForCausalLM
-from conftest import open_gates, tiny_base_config
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -56,6 +56,29 @@ def test_decode_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> None:
     (row,) = table_rows(out)
     assert row[:2] == ["T²MLR(2, 3)", "4"] and float(row[-1].rstrip("×")) > 0
     assert "proportions at hidden 64" in out
+
+
+def test_decode_benchmark_compares_models_with_their_flop_ratio(capsys: pytest.CaptureFixture[str]) -> None:
+    load_script("decode_overhead").main(["--hidden", "64", "--lengths", "3", "--repeats", "1",
+                                         "--models", "t2mlr:2-3,pause:2,looped:full:2,looped:2-3:3,transformer"])
+    rows = {row[0]: row for row in table_rows(capsys.readouterr().out)}
+    assert set(rows) == {"T²MLR(2,3)", "pause ×2", "looped full ×2", "looped 2-3 ×3"}  # each against the Transformer
+    assert rows["T²MLR(2,3)"][1] == "64" and rows["pause ×2"][1] == rows["looped full ×2"][1] != "64"  # matched width
+    for row in rows.values():
+        assert row[3] == "3" and float(row[6].rstrip("×")) > 0 and float(row[7].rstrip("×")) > 0
+    assert float(rows["looped full ×2"][7].rstrip("×")) > float(rows["looped 2-3 ×3"][7].rstrip("×")) > 1
+    with pytest.raises(SystemExit):
+        load_script("decode_overhead").main(["--models", "looped:9-22"])
+
+
+def test_train_benchmark_compares_models_with_their_flop_ratio(capsys: pytest.CaptureFixture[str]) -> None:
+    load_script("train_overhead").main(["--hidden", "64", "--layers", "3", "--vocab", "64", "--seq", "8",
+                                        "--batch", "1", "--repeats", "1", "--warmup", "0", "--d-forward", "3",
+                                        "--d-backward", "2", "--models", "t2mlr:2-3,pause:2,looped:1-2:2"])
+    rows = {row[0]: row for row in table_rows(capsys.readouterr().out)}
+    assert set(rows) == {"T²MLR(2,3)", "pause ×2", "looped 1-2 ×2"}
+    for row in rows.values():
+        assert float(row[5].rstrip("×")) > 0 and float(row[6].rstrip("×")) > 1
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from corpus_helpers import make_documents, make_tokenizer, reference_documents, write_jsonl
+from corpus_helpers import (
+    make_documents,
+    make_tokenizer,
+    reference_documents,
+    write_jsonl,
+)
 
 from t2mlr.corpus import CorpusError, ShardedTokenDataset, tokenize_corpus
 from t2mlr.corpus.shards import MANIFEST

@@ -10,7 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from t2mlr.corpus import CorpusError, ShardedTokenDataset, prepare_offline_corpus, train_bpe_tokenizer
+from t2mlr.corpus import (
+    CorpusError,
+    ShardedTokenDataset,
+    prepare_offline_corpus,
+    train_bpe_tokenizer,
+)
 from t2mlr.corpus.commands import main as corpus_main
 from t2mlr.corpus.offline import gcide_entries, is_validation, iter_texts
 

@@ -12,7 +12,13 @@ import time
 from pathlib import Path
 
 import pytest
-from corpus_helpers import make_documents, make_tokenizer, shard_bytes, write_jsonl, write_parquet
+from corpus_helpers import (
+    make_documents,
+    make_tokenizer,
+    shard_bytes,
+    write_jsonl,
+    write_parquet,
+)
 
 import t2mlr.corpus.shards as shards_module
 from t2mlr.corpus import CorpusError, read_manifest, tokenize_corpus

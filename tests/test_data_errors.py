@@ -16,8 +16,13 @@ from torch.utils.data import Dataset
 from t2mlr.training.commands import main as training_main
 from t2mlr.training.config import DataConfig
 from t2mlr.training.data import (
-    DataError, SyntheticChainDataset, TokenFileDataset,
-    build_dataset, check_token_range, read_jsonl_documents, write_token_file,
+    DataError,
+    SyntheticChainDataset,
+    TokenFileDataset,
+    build_dataset,
+    check_token_range,
+    read_jsonl_documents,
+    write_token_file,
 )
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -310,7 +315,11 @@ def test_the_range_check_draws_nothing_from_the_global_generators(tmp_path: Path
     import random
 
     from t2mlr.experiments.s5_presets import get_preset
-    from t2mlr.experiments.s5_retrieval import model_sections, prepare_data, train_config
+    from t2mlr.experiments.s5_retrieval import (
+        model_sections,
+        prepare_data,
+        train_config,
+    )
 
     preset = get_preset("tiny")
     tokenizer, _ = prepare_data(preset, tmp_path / "data")

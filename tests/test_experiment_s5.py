@@ -13,13 +13,22 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from t2mlr.experiments.commands import register
-from t2mlr.tasks.s5 import generates_s5, generating_set
-from t2mlr.experiments.s5_data import S5DataSpec, StreamedS5Dataset, encode_row, s5_retrieval_dataset
+from t2mlr.experiments.s5_data import (
+    S5DataSpec,
+    StreamedS5Dataset,
+    encode_row,
+    s5_retrieval_dataset,
+)
 from t2mlr.experiments.s5_eval import evaluate_by_n, forward_kwargs, summarize
 from t2mlr.experiments.s5_presets import PRESETS, get_preset
-from t2mlr.experiments.s5_retrieval import RESULTS_MD, model_sections, run_experiment, train_config
+from t2mlr.experiments.s5_retrieval import (
+    RESULTS_MD,
+    model_sections,
+    run_experiment,
+    train_config,
+)
 from t2mlr.tasks.jsonl import write_jsonl
-from t2mlr.tasks.s5 import token_to_perm
+from t2mlr.tasks.s5 import generates_s5, generating_set, token_to_perm
 from t2mlr.tasks.s5_retrieval import generate_s5_retrieval, s5_targets_from_input
 from t2mlr.tasks.tokenizers import build_s5_tokenizer
 from t2mlr.training.data import Collator

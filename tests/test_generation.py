@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import VOCAB, random_ids, tiny_model
+from conftest import VOCAB, left_padded, random_ids, tiny_model
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerFast
 
@@ -50,16 +50,6 @@ def _generate(model: PreTrainedModel, ids: torch.Tensor, mask: torch.Tensor | No
 def _exact_logits(model: T2MLRForCausalLM, ids: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         return model(ids, recurrence="exact").logits
-
-
-def _left_pad(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(r) for r in rows)
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    mask = torch.zeros(len(rows), width, dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids[i, width - len(row) :] = row
-        mask[i, width - len(row) :] = 1
-    return ids, mask
 
 
 def _assert_decoding_matches_exact(model: T2MLRForCausalLM, prompt: torch.Tensor, out: Any) -> None:
@@ -99,7 +89,7 @@ def test_open_gates_change_what_is_decoded() -> None:
 def test_left_padded_batch_generation_equals_each_row_alone(prefill: dict) -> None:
     model = tiny_model(dtype=torch.float32)
     rows = [random_ids(1, n, seed=n)[0] for n in (5, 9, 3)]
-    ids, mask = _left_pad(rows)
+    ids, mask = left_padded(rows)
     batch = _generate(model, ids, mask, new=7, **prefill)
     width = ids.shape[1]
     for i, row in enumerate(rows):
@@ -130,7 +120,7 @@ def test_beam_search_score_is_the_exact_sequence_logprob() -> None:
 def test_beam_search_gives_each_row_the_beams_it_gets_alone() -> None:
     model = tiny_model(dtype=torch.float32)
     rows = [random_ids(1, n, seed=10 + n)[0] for n in (4, 8)]
-    ids, mask = _left_pad(rows)
+    ids, mask = left_padded(rows)
     batch = _generate(model, ids, mask, new=6, num_return_sequences=2, **BEAMS)
     width = ids.shape[1]
     for i, row in enumerate(rows):
@@ -234,7 +224,7 @@ def test_a_decode_step_adds_one_host_read_to_the_base_models() -> None:
 def test_num_return_sequences_keeps_each_sample_on_its_own_state() -> None:
     model = tiny_model(dtype=torch.float32)
     rows = [random_ids(1, n, seed=20 + n)[0] for n in (6, 3)]
-    ids, mask = _left_pad(rows)
+    ids, mask = left_padded(rows)
     torch.manual_seed(0)
     out = model.generate(
         input_ids=ids,

@@ -28,7 +28,12 @@ import t2mlr.evaluation.lm_eval_model  # noqa: E402,F401  (registers "t2mlr")
 from t2mlr import cli  # noqa: E402
 from t2mlr.evaluation import TASKS_DIR, harness  # noqa: E402
 from t2mlr.evaluation.commands import register  # noqa: E402
-from t2mlr.evaluation.harness import MODEL_ARGS, SHIPPED_TASKS, with_device, with_shipped_tasks  # noqa: E402
+from t2mlr.evaluation.harness import (  # noqa: E402
+    MODEL_ARGS,
+    SHIPPED_TASKS,
+    with_device,
+    with_shipped_tasks,
+)
 from t2mlr.evaluation.lm_eval_model import T2MLRLM, check_eval_path  # noqa: E402
 from t2mlr.model import T2MLRForCausalLM  # noqa: E402
 from t2mlr.utils import resolve_device  # noqa: E402
@@ -245,14 +250,19 @@ def test_module_help_runs_as_a_program() -> None:
 @pytest.mark.parametrize("kind", ["matched transformer", "middle looped"])
 def test_baselines_are_scored_through_the_same_entry(kind: str, task_manager, tmp_path: Path) -> None:
     """Every arm of a comparison goes through --model t2mlr: a baseline is scored as the plain causal LM it is."""
-    from t2mlr.baselines import LoopedConfig, LoopedForCausalLM, MatchedLlamaForCausalLM, matched_llama_config
+    from t2mlr.baselines import (
+        LoopedConfig,
+        LoopedForCausalLM,
+        MatchedLlamaForCausalLM,
+        matched_llama_config,
+    )
 
     torch.manual_seed(0)
     base = tiny_model(dtype=torch.float32).config.base_config
     if kind == "matched transformer":
         model = MatchedLlamaForCausalLM(matched_llama_config(base, 40))
     else:
-        model = LoopedForCausalLM(LoopedConfig.from_base(base, 2, 4, 3))
+        model = LoopedForCausalLM(LoopedConfig.from_base(base, loop_start=2, loop_end=4, loops=3))
     model.save_pretrained(tmp_path / "baseline")
     build_tokenizer().save_pretrained(tmp_path / "baseline")
     results = _evaluate(tmp_path / "baseline", task_manager, ["t2mlr_toy"])

@@ -56,6 +56,19 @@ COVERED_BY = {
         "tests/test_training_distributed.py::test_fsdp_two_ranks_match_single_process_across_resume",
     "t2mlr eval run --model t2mlr --model_args pretrained=DIR,recurrence=exact --tasks arc_easy,hellaswag "
     "--batch_size 8": "tests/test_lm_eval.py",
+    "t2mlr params --base smollm2-135m --t2mlr 13,18 --looped full:2 --looped 9-22:3 --pause 2":
+        "tests/test_baselines_shared.py::test_params_command_prints_every_arm_side_by_side",
+    "t2mlr train smollm2_135m_looped_9_22_x3 --out runs/135m_looped_9_22_x3":
+        "tests/test_training_baselines.py::test_paper_baseline_presets_are_matched_to_t2mlr_13_18",
+    "t2mlr train smollm2_135m_baseline --out runs/135m_looped model.arch=looped model.loop_blocks=9-22 model.loops=3":
+        "tests/test_training_baselines.py::test_readme_baseline_overrides_on_the_matched_preset",
+    "t2mlr train smollm2_135m_baseline --out runs/135m_pause model.arch=pause model.pauses=1":
+        "tests/test_training_baselines.py::test_readme_baseline_overrides_on_the_matched_preset",
+    "python benchmarks/decode_overhead.py --models t2mlr:13-18,t2mlr:9-22,pause:2,looped:full:2,looped:9-22:3,"
+    "transformer --lengths 32,128": "tests/test_benchmarks.py::test_decode_benchmark_compares_models_with_their_flop_ratio",
+    "python benchmarks/train_overhead.py --hidden 576 --vocab 49152 --seq 256 --batch 1 --models t2mlr:13-18,"
+    "pause:2,looped:full:2,looped:9-22:3,transformer":
+        "tests/test_benchmarks.py::test_train_benchmark_compares_models_with_their_flop_ratio",
     "python benchmarks/text_corpus.py --out data/stdlib": "tests/test_benchmarks.py",
     "t2mlr train configs/overhead_cpu.yaml --out runs/overhead_cpu": "tests/test_training_config.py::test_every_preset_loads",
     "python benchmarks/train_overhead.py --checkpoint runs/overhead_cpu/checkpoints/step_00000400 "

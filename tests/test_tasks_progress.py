@@ -14,7 +14,10 @@ from t2mlr.cli import main as cli_main
 from t2mlr.tasks.commands import main as data_main
 from t2mlr.tasks.prosqa import generate_prosqa_hard, iter_prosqa_hard
 from t2mlr.tasks.s5_retrieval import generate_s5_eval, iter_s5_eval
-from t2mlr.tasks.variable_assignment import generate_variable_assignment, iter_variable_assignment
+from t2mlr.tasks.variable_assignment import (
+    generate_variable_assignment,
+    iter_variable_assignment,
+)
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 

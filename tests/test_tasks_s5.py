@@ -23,7 +23,6 @@ from t2mlr.tasks.s5_retrieval import (
     s5_targets_from_input,
 )
 
-
 # ---------- independent references ----------
 
 def matrix(p: tuple[int, ...]) -> list[list[int]]:

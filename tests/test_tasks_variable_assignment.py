@@ -7,7 +7,11 @@ import re
 import pytest
 
 from t2mlr.tasks.jsonl import read_jsonl, write_jsonl
-from t2mlr.tasks.variable_assignment import HEADER, generate_variable_assignment, solve_variable_assignment
+from t2mlr.tasks.variable_assignment import (
+    HEADER,
+    generate_variable_assignment,
+    solve_variable_assignment,
+)
 
 PAPER_PROMPT = (
     "Variable assignment. Follow the assignments and fill in the blank.\n"

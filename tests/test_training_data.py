@@ -10,8 +10,15 @@ import torch
 
 from t2mlr.training.config import DataConfig
 from t2mlr.training.data import (
-    IGNORE_INDEX, Collator, ResumableBatchSampler, SyntheticChainDataset, build_dataset, count_targets,
-    pack_documents, positions_within_documents, shift_aligned_labels,
+    IGNORE_INDEX,
+    Collator,
+    ResumableBatchSampler,
+    SyntheticChainDataset,
+    build_dataset,
+    count_targets,
+    pack_documents,
+    positions_within_documents,
+    shift_aligned_labels,
 )
 
 

@@ -34,12 +34,13 @@ PER_RANK = ["train.micro_batch_size=2"]  # 2 ranks × 2 × accumulation 2 = 8
 SINGLE = ["train.micro_batch_size=4"]  # 1 rank × 4 × accumulation 2 = 8: the same samples per micro-step
 
 
-def torchrun(out: Path, parallel: str, *extra: str) -> str:
-    """Run the debug preset on 2 ranks; returns the launcher's stderr (warnings included)."""
+def torchrun(out: Path, parallel: str, *extra: str, config: str = "debug", overrides: list[str] = TINY) -> str:
+    """Run a config (default: the debug preset with `TINY`) on 2 ranks; returns the launcher's stderr
+    (warnings included)."""
     env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "t2mlr.training", "train", "debug", "--out", str(out), "--parallel", parallel,
-           *TINY, *PER_RANK, *extra]
+           "-m", "t2mlr.training", "train", config, "--out", str(out), "--parallel", parallel,
+           *overrides, *PER_RANK, *extra]
     # Own session, so a timeout can end the launcher *and* its workers (they would outlive a plain kill).
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)

@@ -33,7 +33,12 @@ def tiny(*overrides: str) -> TrainConfig:
 
 def tiny_plain(*overrides: str) -> TrainConfig:
     """The tiny config as a plain transformer: the T²MLR settings are not keys of that architecture."""
-    from t2mlr.training.config import apply_overrides, config_from_tree, load_yaml_tree, resolve_config_path
+    from t2mlr.training.config import (
+        apply_overrides,
+        config_from_tree,
+        load_yaml_tree,
+        resolve_config_path,
+    )
 
     tree = apply_overrides(load_yaml_tree(resolve_config_path("debug")), TINY + list(overrides))
     settings = T2MLRConfig.recurrence_fields()

@@ -3,9 +3,13 @@
 * `MatchedLlamaForCausalLM`: the T²MLR backbone widened until it has at least T²MLR's parameters.
 * `T2MLRLSTMForCausalLM`: a 4-layer LSTM language model (the S5-Retrieval baseline), matched the same way.
 * `LoopedForCausalLM`: blocks loop_start..loop_end of a decoder run `loops` times per token (full-looped ×2,
-  middle-looped ×3 in the paper); `PauseForCausalLM`: pause tokens after every real token (pause ×2).
+  middle-looped ×3 in the paper); `PauseForCausalLM`: `pauses` pause tokens after every real token (the
+  paper's pause ×2 is `pauses=1`). Both drive a wrapped Hugging Face decoder (`decoder_parts`, built on
+  `t2mlr.model`), generate through `generate()` and save/load like any causal LM.
 * `matching`: every parameter count and width search (`matched_models(t2mlr_config)` gives the
-  Transformer and LSTM configs and all counts; `matched_looped_config` / `matched_pause_config`).
+  Transformer and LSTM configs and all counts; `matched_looped_config` / `matched_pause_config`;
+  `matched_arms` for side-by-side comparisons named as on the command line).
+* `costs`: the FLOP model of a decode step and a training step of every arm.
 
 Importing this package registers every baseline model type with `AutoConfig` and `AutoModelForCausalLM`, so
 saved baselines load with `AutoModelForCausalLM.from_pretrained(dir)` and the trainer can build them
@@ -15,18 +19,15 @@ from a config dict (`model_type: t2mlr_lstm` / `t2mlr_matched_llama` / `t2mlr_lo
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from t2mlr.baselines import matching
-from t2mlr.baselines.baseline_matching import (
-    looped_parameter_count,
-    matched_looped_config,
-    matched_pause_config,
-    paper_looped_and_pause_configs,
-    pause_parameter_count,
-)
 from t2mlr.baselines.looped import LoopedCache, LoopedConfig, LoopedForCausalLM
 from t2mlr.baselines.lstm import T2MLRLSTMConfig, T2MLRLSTMForCausalLM
 from t2mlr.baselines.matching import *  # noqa: F403  (the names listed in matching.__all__)
 from t2mlr.baselines.pause import PauseCache, PauseConfig, PauseForCausalLM
-from t2mlr.baselines.transformer import MatchedLlamaConfig, MatchedLlamaForCausalLM, matched_llama_config
+from t2mlr.baselines.transformer import (
+    MatchedLlamaConfig,
+    MatchedLlamaForCausalLM,
+    matched_llama_config,
+)
 
 for _config, _model in (
     (T2MLRLSTMConfig, T2MLRLSTMForCausalLM),
@@ -48,11 +49,6 @@ __all__ = [
     "PauseForCausalLM",
     "T2MLRLSTMConfig",
     "T2MLRLSTMForCausalLM",
-    "looped_parameter_count",
     "matched_llama_config",
-    "matched_looped_config",
-    "matched_pause_config",
-    "paper_looped_and_pause_configs",
-    "pause_parameter_count",
     *matching.__all__,
 ]

@@ -1,70 +1,51 @@
-"""Pieces shared by the looped and the pause-token baselines.
+"""What the looped and the pause-token baselines share: a config around a base decoder's config, and a
+causal LM that drives the wrapped `*ForCausalLM` with a cache of its own.
 
-Both wrap a Hugging Face `*ForCausalLM` (Llama, Mistral, Qwen2, Qwen3, or the widened Llama of the
-matched Transformer) and drive its own embedding, decoder blocks, rotary embedding, attention masks,
-final norm and LM head in an order of their own. This module holds what both need: rebuilding a nested
-base config, checking the wrapped model, positions of a chunk, and the attention masks per block kind.
-Nothing here depends on `t2mlr.model`.
+Both run the base model's own embedding, blocks, rotary embedding, final norm and LM head, in an order
+of their own. Everything a T²MLR model also does comes from `t2mlr.model`: rebuilding a saved base
+config and inheriting its special tokens (`configuration`), checking the inputs and laying out the
+chunk's positions, padding and packed documents (`checks`, `layout`), and wrapping a decoder without
+copying or re-initialising its weights (`wrapping`). This module adds only what differs: which model
+families a baseline may wrap (the widened Llama of the matched Transformer too), the settings schema
+read from each config's signature, and the hooks for each baseline's own cache.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
-from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+from torch import nn
+from transformers import (
+    AutoModelForCausalLM,
+    DynamicCache,
+    GenerationMixin,
+    PretrainedConfig,
+    PreTrainedModel,
+)
 
 from t2mlr.baselines.transformer import MatchedLlamaConfig
+from t2mlr.model import checks
+from t2mlr.model.configuration import SUPPORTED_MODEL_TYPES as T2MLR_MODEL_TYPES
+from t2mlr.model.configuration import (
+    WrapsBaseConfig,
+    _as_base_config,
+    inherit_base_fields,
+    resolve_base_config,
+)
+from t2mlr.model.layout import TokenLayout
+from t2mlr.model.wrapping import WrapsBaseDecoder, follow_base_placement, wrapped_base
+from t2mlr.utils import Field, check_known_names, signature_fields
 
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
-    "as_base_config",
-    "attention_masks",
-    "block_attention_kinds",
-    "build_base_model",
-    "check_attention_mask",
+    "WrappedDecoderConfig",
+    "WrappedDecoderForCausalLM",
     "check_no_extra_outputs",
     "check_positive_int",
-    "check_supported_base",
-    "chunk_position_ids",
-    "chunk_shape",
-    "inherit_special_tokens",
-    "kept_positions",
-    "wrap_pretrained",
 ]
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", MatchedLlamaConfig.model_type)
-_INHERITED = ("bos_token_id", "eos_token_id", "pad_token_id", "tie_word_embeddings")
-
-
-def as_base_config(base_config: PretrainedConfig | dict[str, Any] | None) -> PretrainedConfig | None:
-    """A serialised base config (a dict with `model_type`, as `save_pretrained` writes it) back as its
-    transformers class; a config object or None is returned unchanged."""
-    if base_config is None or isinstance(base_config, PretrainedConfig):
-        return base_config
-    if not isinstance(base_config, dict) or "model_type" not in base_config:
-        raise ValueError("base_config must be a transformers PretrainedConfig or a dict with a 'model_type' key")
-    fields = dict(base_config)
-    return AutoConfig.for_model(fields.pop("model_type"), **fields)
-
-
-def inherit_special_tokens(base_config: PretrainedConfig | None, kwargs: dict[str, Any]) -> None:
-    """Copy the base model's special token ids and embedding tying into the wrapper's config kwargs, so
-    `generate()` and weight tying read the same values through either config."""
-    if base_config is None:
-        return
-    for name in _INHERITED:
-        kwargs.setdefault(name, getattr(base_config, name, None))
-
-
-def check_supported_base(base_config: PretrainedConfig, model_name: str) -> None:
-    model_type = getattr(base_config, "model_type", None)
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(
-            f"the {model_name} cannot wrap base model type {model_type!r}; "
-            f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
-        )
+SUPPORTED_MODEL_TYPES = (*T2MLR_MODEL_TYPES, MatchedLlamaConfig.model_type)
 
 
 def check_positive_int(name: str, value: Any) -> None:
@@ -72,130 +53,142 @@ def check_positive_int(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be an int >= 1, got {value!r}")
 
 
-def build_base_model(
-    base_config: PretrainedConfig, attn_implementation: str | None, model_name: str
-) -> PreTrainedModel:
-    """A freshly initialised base `*ForCausalLM`, checked to expose the parts the wrapper drives."""
-    base = AutoModelForCausalLM.from_config(base_config, attn_implementation=attn_implementation)
-    check_wrappable(base, model_name)
-    return base
-
-
-def check_wrappable(base: PreTrainedModel, model_name: str) -> None:
-    inner = getattr(base, "model", None)
-    needed = ("embed_tokens", "layers", "norm", "rotary_emb")
-    if inner is None or not all(hasattr(inner, name) for name in needed) or not hasattr(base, "lm_head"):
-        raise ValueError(
-            f"cannot wrap {type(base).__name__}: the {model_name} needs a *ForCausalLM with .model.embed_tokens, "
-            ".model.layers, .model.norm, .model.rotary_emb and .lm_head (Llama, Mistral, Qwen2, Qwen3)"
-        )
-
-
-def wrap_pretrained(
-    model_cls: type[PreTrainedModel], config: PretrainedConfig, base: PreTrainedModel
-) -> PreTrainedModel:
-    """`model_cls(config, base_model=base)` with the base weights exactly as they were: `post_init` may
-    re-initialise modules it considers new, so the base state is put back afterwards."""
-    check_wrappable(base, model_cls.__name__)
-    state = {name: value.detach().clone() for name, value in base.state_dict().items()}
-    model = model_cls(config, base_model=base)
-    model.base.load_state_dict(state)
-    return model
-
-
-def chunk_shape(
-    input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, hidden_size: int, vocab_size: int
-) -> tuple[int, int]:
-    """Batch and length of the chunk, after checking shapes and that token ids lie in the vocabulary."""
-    if (input_ids is None) == (inputs_embeds is None):
-        raise ValueError("pass exactly one of input_ids or inputs_embeds")
-    if inputs_embeds is not None:
-        if inputs_embeds.dim() != 3 or inputs_embeds.shape[1] == 0 or inputs_embeds.shape[-1] != hidden_size:
-            raise ValueError(
-                f"inputs_embeds must have shape (batch, seq >= 1, {hidden_size}), got {tuple(inputs_embeds.shape)}"
-            )
-        return inputs_embeds.shape[0], inputs_embeds.shape[1]
-    if input_ids.dim() != 2 or input_ids.shape[1] == 0 or input_ids.is_floating_point():
-        raise ValueError(
-            f"input_ids must be an integer tensor of shape (batch, seq) with seq >= 1, got {input_ids.dtype} "
-            f"{tuple(input_ids.shape)}"
-        )
-    low, high = torch.stack(torch.aminmax(input_ids)).tolist()
-    if low < 0 or high >= vocab_size:
-        raise ValueError(f"token ids must lie in [0, {vocab_size}), got range [{low}, {high}]")
-    return input_ids.shape[0], input_ids.shape[1]
-
-
-def check_attention_mask(mask: torch.Tensor | None, batch: int, total: int) -> torch.Tensor | None:
-    """A 2D padding mask covering the cached tokens and the chunk, or None."""
-    if mask is None:
-        return None
-    if mask.dim() != 2 or tuple(mask.shape) != (batch, total):
-        raise ValueError(f"attention_mask must be 2D (batch, past + seq) = ({batch}, {total}), got {tuple(mask.shape)}")
-    return mask
-
-
 def check_no_extra_outputs(kwargs: dict[str, Any]) -> None:
-    """These wrappers return logits (and the cache) only; asking for more is refused, not ignored."""
+    """These baselines return logits (and the cache) only; asking for more is refused, not ignored."""
     for name in ("output_attentions", "output_hidden_states"):
         if kwargs.get(name):
             raise ValueError(f"{name}=True is not supported by this baseline")
 
 
-def chunk_position_ids(
-    attention_mask: torch.Tensor | None,
-    position_ids: torch.Tensor | None,
-    past: int,
-    batch: int,
-    length: int,
-    device: torch.device,
-) -> torch.Tensor:
-    """Positions of the chunk's tokens: the given ones; else counted over real tokens of the padding
-    mask (as `generate()` does, so a left-padded row gets the positions it would have alone); else
-    past, past + 1, ...."""
-    if position_ids is None:
-        if attention_mask is not None:
-            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -length:]
-        else:
-            position_ids = torch.arange(past, past + length, device=device)[None]
-    if position_ids.dim() != 2 or position_ids.shape[-1] != length:
-        raise ValueError(f"position_ids must have shape (batch, {length}), got {tuple(position_ids.shape)}")
-    return position_ids.to(device).expand(batch, length)
+class WrappedDecoderConfig(WrapsBaseConfig, PretrainedConfig):
+    """A base decoder's config plus a baseline's settings: the `__init__` parameters of the subclass
+    after `base_config` (`settings_fields()`), which the trainer's YAML and `from_base` are checked
+    against. Subclasses set their fields, call this `__init__`, and implement `check_settings`."""
+
+    wrapper_name: ClassVar[str] = "baseline"
+
+    def __init__(self, base_config: PretrainedConfig | dict[str, Any] | None = None, **kwargs: Any) -> None:
+        self.base_config = _as_base_config(base_config)
+        inherit_base_fields(self.base_config, kwargs)
+        super().__init__(**kwargs)
+        if self.base_config is not None:
+            self.check_base()
+            self.check_settings()
+
+    @classmethod
+    def settings_fields(cls) -> dict[str, Field]:
+        """The baseline's settings (every `__init__` parameter but `base_config`), typed, with defaults."""
+        return signature_fields(cls.__init__, exclude=("base_config",))
+
+    @classmethod
+    def from_base(cls, base_config: PretrainedConfig | dict[str, Any] | str, **settings: Any) -> WrappedDecoderConfig:
+        """This baseline around a base config: an object, a dict of its fields with `model_type` (checked
+        key by key) or a hub id / local path. `settings` are this config's fields only."""
+        check_known_names(settings, cls.settings_fields(), f"{cls.__name__} field")
+        return cls(base_config=resolve_base_config(base_config), **settings)
+
+    def check_base(self) -> None:
+        model_type = getattr(self.require_base_config(), "model_type", None)
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"the {self.wrapper_name} cannot wrap base model type {model_type!r}; "
+                f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+            )
+
+    def check_settings(self) -> None:
+        """Check (and where a setting is a shorthand, resolve) the subclass's fields against the base."""
+        raise NotImplementedError
 
 
-def block_attention_kinds(base_config: PretrainedConfig) -> list[str]:
-    """Per block: "full_attention" or "sliding_attention" (Mistral, or Qwen2/3 with windows)."""
-    layer_types = getattr(base_config, "layer_types", None)
-    if layer_types is not None:
-        return list(layer_types)
-    kind = "sliding_attention" if getattr(base_config, "sliding_window", None) is not None else "full_attention"
-    return [kind] * int(base_config.num_hidden_layers)
+class WrappedDecoderForCausalLM(WrapsBaseDecoder, PreTrainedModel, GenerationMixin):
+    """A causal LM over a wrapped Hugging Face decoder, with its own cache class.
 
+    Subclasses set `config_class`, may add modules of their own in `build_own_modules` (initialised by
+    `post_init`, placed like the base model), and implement `new_cache` and `fits_cache`.
+    """
 
-def attention_masks(
-    base_config: PretrainedConfig,
-    hidden: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    cache: Any,
-    position_ids: torch.Tensor,
-) -> dict[str, Any]:
-    """The mask of each attention kind the blocks use, built by transformers' own mask builders (which
-    size them from the cache's first layer of that kind)."""
-    masks: dict[str, Any] = {}
-    for kind in sorted(set(block_attention_kinds(base_config))):
-        builder = create_sliding_window_causal_mask if kind == "sliding_attention" else create_causal_mask
-        masks[kind] = builder(
-            config=base_config,
-            inputs_embeds=hidden,
-            attention_mask=attention_mask,
-            past_key_values=cache,
-            position_ids=position_ids,
+    config_class = WrappedDecoderConfig
+    main_input_name = "input_ids"
+
+    def __init__(self, config: WrappedDecoderConfig, base_model: PreTrainedModel | None = None) -> None:
+        super().__init__(config)
+        config.check_base()
+        config.check_settings()
+        self.base = wrapped_base(config.base_config, config._attn_implementation, base_model, f"the {config.wrapper_name}")
+        own = self.build_own_modules()
+        self.post_init()
+        follow_base_placement(self.base, own)
+
+    def build_own_modules(self) -> list[nn.Module]:
+        """Create the modules this baseline adds to the base model (none by default) and return them."""
+        return []
+
+    @classmethod
+    def wrap(
+        cls, base: PreTrainedModel | PretrainedConfig | str, load_kwargs: dict[str, Any] | None = None, **settings: Any
+    ) -> WrappedDecoderForCausalLM:
+        """This baseline around a base decoder: a model object is wrapped, not copied (its modules become
+        this model's and keep their weights; pass `copy.deepcopy(base)` to keep the original), a hub id /
+        local path is loaded first, a config gives a freshly initialised model. `settings` are the config's
+        fields only."""
+        if load_kwargs and not isinstance(base, str):
+            raise ValueError("load_kwargs applies only when `base` is a hub id or path")
+        if isinstance(base, str):
+            base = AutoModelForCausalLM.from_pretrained(base, **(load_kwargs or {}))
+        if isinstance(base, PretrainedConfig):
+            return cls(cls.config_class.from_base(base, **settings))
+        if not isinstance(base, PreTrainedModel):
+            raise ValueError(f"base must be a model, a config, or a hub id / path, got {type(base).__name__}")
+        return cls(cls.config_class.from_base(base.config, **settings), base_model=base)
+
+    # ----------------------------------------------------------------------------- inputs and cache
+    def checked_inputs(
+        self,
+        input_ids: torch.Tensor | None,
+        inputs_embeds: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+        position_ids: torch.Tensor | None,
+        labels: torch.Tensor | None,
+        past_key_values: Any,
+        use_cache: bool | None,
+        max_positions: int | None,
+        extra: dict[str, Any],
+    ) -> tuple[DynamicCache | None, TokenLayout, torch.Tensor | None]:
+        """The cache to use (the given one, checked, or a new one when use_cache=True) and the chunk's
+        token layout and attention mask, after every input check of `t2mlr.model.checks`."""
+        check_no_extra_outputs(extra)
+        cache = self._resolve_cache(past_key_values, use_cache)
+        layout, attention_mask = checks.checked_chunk(
+            input_ids, inputs_embeds, attention_mask, position_ids, labels, cache, self.config.hidden_size,
+            self.config.vocab_size, max_positions,
         )
-    return masks
+        return cache, layout, attention_mask
 
+    def new_cache(self, offloading: bool = False) -> DynamicCache:
+        """An empty cache of this model's own class."""
+        raise NotImplementedError
 
-def kept_positions(logits_to_keep: int | torch.Tensor) -> slice | torch.Tensor:
-    """Which positions get logits: the last `n` (0 = all) or explicit indices, as in transformers."""
-    if isinstance(logits_to_keep, int):
-        return slice(-logits_to_keep, None)
-    return logits_to_keep
+    def fits_cache(self, cache: Any) -> bool:
+        """Whether `cache` was built for this model's config (its class and layout)."""
+        raise NotImplementedError
+
+    def _resolve_cache(self, past_key_values: Any, use_cache: bool | None) -> DynamicCache | None:
+        if past_key_values is None:
+            return self.new_cache() if use_cache else None
+        if use_cache is False:
+            raise ValueError("use_cache=False contradicts the past_key_values that was passed")
+        if not self.fits_cache(past_key_values):
+            expected = type(self.new_cache()).__name__
+            raise ValueError(
+                f"past_key_values must be a {expected} built from this model's config, got "
+                f"{type(past_key_values).__name__}"
+            )
+        return past_key_values
+
+    def _prepare_cache_for_generation(
+        self, generation_config: Any, model_kwargs: dict, *args: Any, **kwargs: Any
+    ) -> Any:
+        """generate() gets this model's own cache instead of the per-block `DynamicCache` it would build."""
+        if model_kwargs.get("past_key_values") is None and generation_config.use_cache is not False:
+            model_kwargs["past_key_values"] = self.new_cache()
+        return super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)

@@ -2,10 +2,11 @@
 
 The paper (§4.2, Table "looped_baselines") compares T²MLR with a full-looped ×2 Transformer (every
 block runs twice per token) and a middle-looped ×3 Transformer (blocks 9–22 of 30 run three times),
-parameter-matched to T²MLR (`t2mlr.baselines.baseline_matching`). Looping reuses weights, so it adds
+parameter-matched to T²MLR (`t2mlr.baselines.matching`). Looping reuses weights, so it adds
 depth of computation but no parameters.
 
-Forward, for a 1-based inclusive range s..e and K = `loops`:
+The looped range is written `loop_blocks="9-22"` (1-based, inclusive, as T²MLR's placements) or
+`loop_blocks="full"` (every block), or as `loop_start` / `loop_end`. Forward, for a range s..e and K = `loops`:
 
     blocks 1..s-1 once → (blocks s..e) K times, in block order each time → blocks e+1..L once → norm → LM head
 
@@ -32,120 +33,110 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import (
-    AutoConfig,
-    AutoModelForCausalLM,
-    DynamicCache,
-    GenerationMixin,
-    PretrainedConfig,
-    PreTrainedModel,
+from transformers import DynamicCache, PretrainedConfig, PreTrainedModel
+from transformers.cache_utils import (
+    DYNAMIC_LAYER_TYPE_MAPPING,
+    Cache,
+    get_layer_types_and_kwargs,
 )
-from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, Cache, get_layer_types_and_kwargs
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from t2mlr.baselines.decoder_parts import (
-    as_base_config,
-    attention_masks,
-    block_attention_kinds,
-    build_base_model,
-    check_attention_mask,
-    check_no_extra_outputs,
+    WrappedDecoderConfig,
+    WrappedDecoderForCausalLM,
     check_positive_int,
-    check_supported_base,
-    chunk_position_ids,
-    chunk_shape,
-    inherit_special_tokens,
-    kept_positions,
-    wrap_pretrained,
 )
+from t2mlr.model.configuration import check_block_range
+from t2mlr.model.layout import layer_inputs
+from t2mlr.model.wrapping import checkpoint_blocks
 
-__all__ = ["CacheSlot", "LoopedCache", "LoopedConfig", "LoopedForCausalLM"]
+__all__ = ["CacheSlot", "LoopedCache", "LoopedConfig", "LoopedForCausalLM", "parse_loop_blocks"]
+
+FULL = "full"
 
 
-class LoopedConfig(PretrainedConfig):
+def parse_loop_blocks(loop_blocks: Any, num_layers: int) -> tuple[int, int]:
+    """`"full"` → (1, L); `"9-22"` → (9, 22): the 1-based, inclusive range a `loop_blocks` setting names
+    (its bounds are checked against the model by `LoopedConfig`)."""
+    if loop_blocks == FULL:
+        return 1, num_layers
+    text = str(loop_blocks).strip() if isinstance(loop_blocks, str) else ""
+    start, sep, end = text.partition("-")
+    if not (sep and start.strip().isdigit() and end.strip().isdigit()):
+        raise ValueError(
+            f"loop_blocks must be 'full' or 'S-E' with 1-based, inclusive block numbers (e.g. '9-22'), got {loop_blocks!r}"
+        )
+    return int(start), int(end)
+
+
+class LoopedConfig(WrappedDecoderConfig):
     """A base decoder's config plus the looped block range.
 
     Args:
         base_config: config of the wrapped decoder (Llama, Mistral, Qwen2, Qwen3 or the matched Llama).
+        loop_blocks: the looped range as text: "full" (every block) or "S-E", 1-based and inclusive
+            (e.g. "9-22"); sets loop_start and loop_end, and may not contradict them where they are given.
         loop_start, loop_end: first and last looped block, 1-based and inclusive (1..L loops every block).
         loops: how many times the range runs per token (K >= 1; 1 is the base model).
     """
 
     model_type = "t2mlr_looped"
+    wrapper_name = "looped Transformer"
 
     def __init__(
         self,
         base_config: PretrainedConfig | dict[str, Any] | None = None,
-        loop_start: int = 1,
-        loop_end: int = 1,
+        loop_blocks: str | None = None,
+        loop_start: int | None = None,
+        loop_end: int | None = None,
         loops: int = 1,
         **kwargs: Any,
     ) -> None:
-        self.base_config = as_base_config(base_config)
+        self.loop_blocks = loop_blocks
         self.loop_start = loop_start
         self.loop_end = loop_end
         self.loops = loops
-        inherit_special_tokens(self.base_config, kwargs)
-        super().__init__(**kwargs)
-        if self.base_config is not None:
-            self.validate_loop()
+        super().__init__(base_config, **kwargs)
 
-    @classmethod
-    def from_base(
-        cls,
-        base_config: PretrainedConfig | dict[str, Any] | str,
-        loop_start: int,
-        loop_end: int,
-        loops: int,
-        **kwargs: Any,
-    ) -> LoopedConfig:
-        """A looped config around a base config (object, dict, or hub id / local path)."""
-        if isinstance(base_config, str):
-            base_config = AutoConfig.from_pretrained(base_config)
-        return cls(base_config=base_config, loop_start=loop_start, loop_end=loop_end, loops=loops, **kwargs)
-
-    @property
-    def num_layers(self) -> int:
-        return int(self.base_config.num_hidden_layers)
-
-    @property
-    def hidden_size(self) -> int:
-        return int(self.base_config.hidden_size)
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self.base_config.vocab_size)
-
-    def get_text_config(self, *args: Any, **kwargs: Any) -> PretrainedConfig:
-        """Generation reads the vocabulary and special tokens from the wrapped decoder's config."""
-        return self.base_config
-
-    def validate_loop(self) -> None:
-        """Check the base family and the loop fields; the message names the value and what is allowed."""
-        check_supported_base(self.base_config, "looped Transformer")
+    def check_settings(self) -> None:
+        """Resolve `loop_blocks` into loop_start / loop_end, then check the range and the loop count."""
         n = self.num_layers
-        for name in ("loop_start", "loop_end"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ValueError(f"{name} must be an int, got {value!r}")
-        if not 1 <= self.loop_start <= self.loop_end <= n:
+        if self.loop_blocks is not None:
+            start, end = parse_loop_blocks(self.loop_blocks, n)
+            for name, parsed in (("loop_start", start), ("loop_end", end)):
+                given = getattr(self, name)
+                if given is not None and given != parsed:
+                    raise ValueError(
+                        f"loop_blocks={self.loop_blocks!r} names blocks {start}-{end}, but {name}={given!r} was also "
+                        "given; set loop_blocks or loop_start/loop_end, not both"
+                    )
+            self.loop_start, self.loop_end = start, end
+        if self.loop_start is None or self.loop_end is None:
             raise ValueError(
-                f"need 1 <= loop_start <= loop_end <= {n} (1-based, inclusive block indices of a {n}-block model); "
-                f"got loop_start={self.loop_start}, loop_end={self.loop_end}"
+                "name the looped blocks: loop_blocks='full' or 'S-E' (1-based, inclusive, e.g. '9-22'), "
+                "or both loop_start and loop_end"
             )
+        check_block_range(self.loop_start, self.loop_end, n, ("loop_start", "loop_end"))
         check_positive_int("loops", self.loops)
+
+    def looped_indices(self) -> range:
+        """0-based indices of the looped blocks (each appears once: they share their weights)."""
+        return range(self.loop_start - 1, self.loop_end)
 
     def block_schedule(self) -> list[int]:
         """0-based block index of every block application, in execution order (one KV slot each)."""
         before = list(range(self.loop_start - 1))
-        looped = list(range(self.loop_start - 1, self.loop_end)) * self.loops
         after = list(range(self.loop_end, self.num_layers))
-        return before + looped + after
+        return before + list(self.looped_indices()) * self.loops + after
 
     @property
     def block_cost_ratio(self) -> float:
         """Decoder-block FLOPs (and KV-cache size) per token relative to the base model: (L + (K−1)·D) / L."""
         return len(self.block_schedule()) / self.num_layers
+
+    def describe(self) -> str:
+        """E.g. "looped blocks 9-22 × 3 (of 30)"."""
+        return f"looped blocks {self.loop_start}-{self.loop_end} × {self.loops} (of {self.num_layers})"
 
 
 class LoopedCache(DynamicCache):
@@ -187,64 +178,37 @@ class CacheSlot:
         return self.cache.update(key_states, value_states, self.slot, *args, **kwargs)
 
 
-class LoopedForCausalLM(PreTrainedModel, GenerationMixin):
+class LoopedForCausalLM(WrappedDecoderForCausalLM):
     """Looped causal LM over a Hugging Face decoder (see the module docstring)."""
 
     config_class = LoopedConfig
     base_model_prefix = "looped"
-    main_input_name = "input_ids"
-    supports_gradient_checkpointing = True
-    _supports_sdpa = True
-    _supports_flash_attn = True
-    _supports_attention_backend = True
-    _no_split_modules = ["LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer"]
-
-    def __init__(self, config: LoopedConfig, base_model: PreTrainedModel | None = None) -> None:
-        super().__init__(config)
-        config.validate_loop()
-        if base_model is None:
-            base_model = build_base_model(config.base_config, config._attn_implementation, "looped Transformer")
-        self.base = base_model
-        self.post_init()
 
     @classmethod
     def from_base(
         cls,
         base: PreTrainedModel | PretrainedConfig | str,
-        loop_start: int,
-        loop_end: int,
-        loops: int,
+        loop_start: int | None = None,
+        loop_end: int | None = None,
+        loops: int = 1,
         load_kwargs: dict[str, Any] | None = None,
+        loop_blocks: str | None = None,
     ) -> LoopedForCausalLM:
-        """A looped model around a base decoder: a model object keeps its weights, a hub id / local path is
-        loaded first, a config gives a freshly initialised model."""
-        if load_kwargs and not isinstance(base, str):
-            raise ValueError("load_kwargs applies only when `base` is a hub id or path")
-        if isinstance(base, str):
-            base = AutoModelForCausalLM.from_pretrained(base, **(load_kwargs or {}))
-        if isinstance(base, PretrainedConfig):
-            return cls(LoopedConfig.from_base(base, loop_start, loop_end, loops))
-        if not isinstance(base, PreTrainedModel):
-            raise ValueError(f"base must be a model, a config, or a hub id / path, got {type(base).__name__}")
-        return wrap_pretrained(cls, LoopedConfig.from_base(base.config, loop_start, loop_end, loops), base)
+        """A looped model around a base decoder (see `WrappedDecoderForCausalLM.wrap`): a model object keeps
+        its weights, a hub id / local path is loaded first, a config gives a freshly initialised model."""
+        return cls.wrap(base, load_kwargs, loop_blocks=loop_blocks, loop_start=loop_start, loop_end=loop_end,
+                        loops=loops)
 
-    def _init_weights(self, module: torch.nn.Module) -> None:
-        if hasattr(self, "base"):
-            self.base._init_weights(module)
+    def set_loop_checkpointing(self, enabled: bool) -> None:
+        """Activation checkpointing of the looped blocks only: they run `loops` times per step, so they hold
+        most of the activations that gradients need; each run recomputes its own in backward."""
+        checkpoint_blocks(self.layers, self.config.looped_indices(), enabled)
 
-    def get_input_embeddings(self) -> torch.nn.Module:
-        return self.base.get_input_embeddings()
+    def new_cache(self, offloading: bool = False) -> LoopedCache:
+        return LoopedCache(self.config, offloading=offloading)
 
-    def set_input_embeddings(self, value: torch.nn.Module) -> None:
-        self.base.set_input_embeddings(value)
-
-    def get_output_embeddings(self) -> torch.nn.Module:
-        return self.base.get_output_embeddings()
-
-    @property
-    def layers(self) -> torch.nn.ModuleList:
-        """The base model's decoder blocks (each looped block appears once: weights are shared)."""
-        return self.base.model.layers
+    def fits_cache(self, cache: Any) -> bool:
+        return isinstance(cache, LoopedCache) and cache.block_schedule == tuple(self.config.block_schedule())
 
     def forward(
         self,
@@ -260,52 +224,14 @@ class LoopedForCausalLM(PreTrainedModel, GenerationMixin):
     ) -> CausalLMOutputWithPast:
         """Causal-LM forward; labels are standard causal-LM labels (shifted inside, -100 ignored). A cache
         is used when `past_key_values` is passed (a `LoopedCache`) or created when `use_cache=True`."""
-        check_no_extra_outputs(kwargs)
-        base_config = self.base.config
-        batch, length = chunk_shape(input_ids, inputs_embeds, self.config.hidden_size, self.config.vocab_size)
-        cache = self._resolve_cache(past_key_values, use_cache)
-        past = cache.get_seq_length() if cache is not None else 0
-        attention_mask = check_attention_mask(attention_mask, batch, past + length)
+        base_config = self.config.base_config
+        cache, layout, attention_mask = self.checked_inputs(
+            input_ids, inputs_embeds, attention_mask, position_ids, labels, past_key_values, use_cache,
+            getattr(base_config, "max_position_embeddings", None), kwargs,
+        )
         hidden = self.base.model.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
-        positions = chunk_position_ids(attention_mask, position_ids, past, batch, length, hidden.device)
-        masks = attention_masks(base_config, hidden, attention_mask, cache, positions)
-        rotary = self.base.model.rotary_emb(hidden, position_ids=positions)
-        kinds = block_attention_kinds(base_config)
+        inputs = layer_inputs(base_config, self.base.model.rotary_emb, hidden, attention_mask, layout, cache)
         for slot, block in enumerate(self.config.block_schedule()):
-            hidden = self.layers[block](
-                hidden,
-                attention_mask=masks[kinds[block]],
-                position_ids=positions,
-                past_key_values=None if cache is None else CacheSlot(cache, slot, block),
-                use_cache=cache is not None,
-                position_embeddings=rotary,
-            )
-        hidden = self.base.model.norm(hidden[:, kept_positions(logits_to_keep)])
-        logits = self.base.lm_head(hidden)
-        loss = None
-        if labels is not None:
-            loss = self.base.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+            hidden = self.run_block(block, hidden, inputs, None if cache is None else CacheSlot(cache, slot, block))
+        logits, loss = self.head_and_loss(hidden, labels, logits_to_keep, **kwargs)
         return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=cache)
-
-    def _resolve_cache(self, past_key_values: Any, use_cache: bool | None) -> LoopedCache | None:
-        if past_key_values is None:
-            return LoopedCache(self.config) if use_cache else None
-        if use_cache is False:
-            raise ValueError("use_cache=False contradicts the past_key_values that was passed")
-        slots = len(self.config.block_schedule())
-        if not isinstance(past_key_values, LoopedCache) or len(past_key_values.layers) != slots:
-            raise ValueError(
-                f"past_key_values must be a LoopedCache built from this model's config ({slots} KV slots, one per "
-                f"block application), got {type(past_key_values).__name__}"
-            )
-        return past_key_values
-
-    def _prepare_cache_for_generation(
-        self, generation_config: Any, model_kwargs: dict, *args: Any, **kwargs: Any
-    ) -> None:
-        """generate() gets a `LoopedCache`: the default `DynamicCache` it would build has one slot per
-        block, not per block application."""
-        super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
-        cache = model_kwargs.get("past_key_values")
-        if type(cache) is DynamicCache and not getattr(cache, "_is_user_defined", False):
-            model_kwargs["past_key_values"] = LoopedCache(self.config, offloading=cache.offloading)

@@ -1,14 +1,22 @@
 """Parameter matching: each baseline gets the smallest width whose parameter count is ≥ T²MLR's.
 
-Counts come from building the model on the meta device: every detail (tied embeddings, biases, q/k
-norms, the fusion module and the cache norm) is counted by the real module code, and no weights are
-allocated, so a 135M-parameter model costs milliseconds.
+This module holds every parameter count and width search of the project. Counts come from building the
+model on the meta device: every detail (tied embeddings, biases, q/k norms, the fusion module and the
+cache norm, pause embeddings) is counted by the real module code, and no weights are allocated, so a
+135M-parameter model costs milliseconds.
 
 * Transformer: the T²MLR backbone with its hidden size raised, depth, head count, head dimension and
   MLP (intermediate) size kept, as in the paper (SmolLM2-135M, T²MLR(13,18): 576 → 584, still 9 heads
   of 64, so the attention projections map 584 → 576 and back). `matched_hidden_size` finds the width
   for any decoder family; `matched_transformer_config` gives a savable `MatchedLlamaConfig`.
+* Looped and pause-token models: the same widened backbone inside the wrapper
+  (`smallest_matching_width`). Looping shares weights, so a looped model lands where the Transformer
+  does; the pause model also counts its `pauses × hidden` pause embeddings. At SmolLM2-135M with
+  T²MLR(13,18) every one of them is at hidden 584, within 1% above T²MLR's count.
 * LSTM: embedding → `num_layers`-layer LSTM → head, all of one width.
+* Comparisons: `ModelSpec` names one arm as the command line writes it (`t2mlr:13-18`,
+  `looped:full:2`, `looped:9-22:3`, `pause:2`, `transformer`), and `matched_arms` builds every arm's
+  config around one base shape, matched to T²MLR, for `t2mlr params` and the benchmarks.
 
 Every search is `smallest_at_least`: doubling for an upper bound, then bisection, O(log w) model builds.
 """
@@ -23,26 +31,47 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, PretrainedConfig
 
+from t2mlr.baselines.looped import LoopedConfig, parse_loop_blocks
 from t2mlr.baselines.lstm import T2MLRLSTMConfig, T2MLRLSTMForCausalLM
-from t2mlr.baselines.transformer import MatchedLlamaConfig, MatchedLlamaForCausalLM, matched_llama_config
+from t2mlr.baselines.pause import PauseConfig
+from t2mlr.baselines.transformer import (
+    MatchedLlamaConfig,
+    MatchedLlamaForCausalLM,
+    matched_llama_config,
+)
 from t2mlr.model import T2MLRConfig, T2MLRForCausalLM
 
 __all__ = [
+    "PAPER_MIDDLE_LOOP",
+    "Arm",
     "MatchedSet",
+    "ModelSpec",
     "count_parameters",
     "head_dim_of",
     "lstm_parameter_count",
+    "matched_arms",
     "matched_baseline_config",
     "matched_hidden_size",
+    "matched_looped_config",
     "matched_lstm_config",
     "matched_models",
+    "matched_pause_config",
     "matched_transformer_config",
+    "paper_looped_and_pause_configs",
     "parameter_count_of_config",
+    "parse_looped_spec",
+    "parse_model_spec",
+    "parse_model_specs",
+    "parse_pause_spec",
+    "parse_placement",
     "smallest_at_least",
+    "smallest_matching_width",
     "t2mlr_parameter_count",
     "transformer_parameter_count",
     "widened_config",
 ]
+
+PAPER_MIDDLE_LOOP = (9, 22)  # the paper's middle-looped ×3 on the 30-block SmolLM2-135M
 
 MAX_WIDTH = 1 << 20  # a search that passes this width is matching against a wrong count
 
@@ -130,11 +159,59 @@ def lstm_parameter_count(config: T2MLRLSTMConfig) -> int:
     return _meta_count(lambda: T2MLRLSTMForCausalLM(config))
 
 
+def smallest_matching_width(
+    t2mlr_config: T2MLRConfig, wrap: Callable[[MatchedLlamaConfig], PretrainedConfig]
+) -> PretrainedConfig:
+    """`wrap(the T²MLR backbone widened)` at the smallest hidden size (≥ the backbone's) whose model has at
+    least T²MLR's parameter count; depth, head count, head dimension and MLP size are kept."""
+    base = t2mlr_config.base_config
+    target = t2mlr_parameter_count(t2mlr_config)
+
+    def at(hidden: int) -> PretrainedConfig:
+        return wrap(matched_llama_config(base, hidden))
+
+    return at(smallest_at_least(lambda hidden: parameter_count_of_config(at(hidden)), target,
+                                start=int(base.hidden_size)))
+
+
 def matched_transformer_config(t2mlr_config: T2MLRConfig) -> MatchedLlamaConfig:
     """The T²MLR backbone widened to the smallest hidden size with at least T²MLR's parameter count."""
-    target = t2mlr_parameter_count(t2mlr_config)
-    hidden = matched_hidden_size(t2mlr_config.base_config, target)
-    return matched_llama_config(t2mlr_config.base_config, hidden)
+    return smallest_matching_width(t2mlr_config, lambda base: base)
+
+
+def matched_looped_config(
+    t2mlr_config: T2MLRConfig,
+    loop_start: int | None = None,
+    loop_end: int | None = None,
+    loops: int = 1,
+    loop_blocks: str | None = None,
+) -> LoopedConfig:
+    """The looped baseline (blocks loop_start..loop_end, 1-based inclusive, or `loop_blocks` "full" /
+    "S-E", run `loops` times) on the T²MLR backbone widened to match T²MLR's parameter count."""
+    settings = dict(loop_blocks=loop_blocks, loop_start=loop_start, loop_end=loop_end, loops=loops)
+    LoopedConfig.from_base(t2mlr_config.base_config, **settings)  # bad loop fields fail before the width search
+    return smallest_matching_width(t2mlr_config, lambda base: LoopedConfig.from_base(base, **settings))
+
+
+def matched_pause_config(t2mlr_config: T2MLRConfig, pauses: int) -> PauseConfig:
+    """The pause-token baseline (`pauses` pauses after every token: ×(pauses + 1)) on the T²MLR backbone
+    widened to match T²MLR's parameter count, the pause embeddings included."""
+    PauseConfig.from_base(t2mlr_config.base_config, pauses=pauses)  # bad pause fields fail before the search
+    return smallest_matching_width(t2mlr_config, lambda base: PauseConfig.from_base(base, pauses=pauses))
+
+
+def paper_looped_and_pause_configs(t2mlr_config: T2MLRConfig) -> dict[str, PretrainedConfig]:
+    """The three baselines of the paper's looped/latent comparison, each matched to `t2mlr_config`:
+    pause-token ×2, full-looped ×2 and middle-looped ×3 over blocks 9–22 (needs at least 22 blocks)."""
+    depth = int(t2mlr_config.base_config.num_hidden_layers)
+    start, end = PAPER_MIDDLE_LOOP
+    if depth < end:
+        raise ValueError(f"the paper's middle loop covers blocks {start}-{end}; this backbone has only {depth} blocks")
+    return {
+        "pause_x2": matched_pause_config(t2mlr_config, pauses=1),
+        "full_looped_x2": matched_looped_config(t2mlr_config, loop_blocks="full", loops=2),
+        "middle_looped_x3": matched_looped_config(t2mlr_config, start, end, loops=3),
+    }
 
 
 def matched_lstm_config(vocab_size: int, target: int, num_layers: int = 4, **config_kwargs: object) -> T2MLRLSTMConfig:
@@ -182,3 +259,135 @@ def matched_models(t2mlr_config: T2MLRConfig, lstm_layers: int = 4) -> MatchedSe
         transformer_params=transformer_parameter_count(transformer),
         lstm_params=lstm_parameter_count(lstm),
     )
+
+
+# ---------------------------------------------------------------------------------------------- comparisons
+
+MODEL_SPEC_FORMS = "t2mlr:S-E, looped:full:K, looped:S-E:K, pause:P (×P: P − 1 pauses per token) or transformer"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One arm of a comparison as the command line names it (blocks 1-based, inclusive).
+
+    kind "t2mlr": T²MLR(start, end) on the base shape; "looped": `loop_blocks` ("full" or "S-E") run
+    `loops` times; "pause": ×`period`, i.e. period − 1 pause tokens after every real token;
+    "transformer": the parameter-matched Transformer.
+    """
+
+    kind: str
+    start: int | None = None
+    end: int | None = None
+    loop_blocks: str | None = None
+    loops: int | None = None
+    period: int | None = None
+
+    @property
+    def name(self) -> str:
+        """The spelling `parse_model_spec` reads back, e.g. "looped:9-22:3"."""
+        return _SPEC_FORMS[self.kind][0].format(**vars(self))
+
+    @property
+    def label(self) -> str:
+        """How tables name the arm, e.g. "T²MLR(13,18)", "looped 9-22 ×3", "pause ×2"."""
+        return _SPEC_FORMS[self.kind][1].format(**vars(self))
+
+
+_SPEC_FORMS = {  # kind: (command-line spelling, table label)
+    "t2mlr": ("t2mlr:{start}-{end}", "T²MLR({start},{end})"),
+    "looped": ("looped:{loop_blocks}:{loops}", "looped {loop_blocks} ×{loops}"),
+    "pause": ("pause:{period}", "pause ×{period}"),
+    "transformer": ("transformer", "Transformer (matched)"),
+}
+
+
+def _positive_int(text: str, what: str, spec: str, minimum: int = 1) -> int:
+    if not text.strip().isdigit() or int(text) < minimum:
+        raise ValueError(f"{what} in {spec!r} must be an integer >= {minimum}, got {text!r}")
+    return int(text)
+
+
+def parse_placement(text: str) -> ModelSpec:
+    """A T²MLR placement "S,E" or "S-E" (1-based, inclusive) → ModelSpec("t2mlr", S, E)."""
+    parts = text.replace("-", ",").split(",")
+    if len(parts) != 2:
+        raise ValueError(f"a T²MLR placement is S,E or S-E (1-based, inclusive blocks, e.g. 13,18), got {text!r}")
+    start, end = (_positive_int(part, "a block number", text) for part in parts)
+    return ModelSpec("t2mlr", start=start, end=end)
+
+
+def parse_looped_spec(text: str) -> ModelSpec:
+    """"full:K" or "S-E:K" (K loops of the 1-based, inclusive blocks S..E) → ModelSpec("looped", ...)."""
+    blocks, sep, loops = text.rpartition(":")
+    if not sep or not blocks:
+        raise ValueError(f"a looped model is full:K or S-E:K (e.g. full:2, 9-22:3), got {text!r}")
+    if blocks != "full":
+        parse_loop_blocks(blocks, num_layers=0)  # the form only; the range is checked against the base shape
+    return ModelSpec("looped", loop_blocks=blocks, loops=_positive_int(loops, "the loop count K", text))
+
+
+def parse_pause_spec(text: str) -> ModelSpec:
+    """"P": the ×P pause-token model (P − 1 pause tokens after every real token; P >= 2)."""
+    return ModelSpec("pause", period=_positive_int(text, "the multiplier P (P − 1 pauses per token)", text, 2))
+
+
+def parse_model_spec(text: str) -> ModelSpec:
+    """One of t2mlr:S-E, looped:full:K, looped:S-E:K, pause:P or transformer."""
+    kind, _, rest = text.strip().partition(":")
+    parsers = {"t2mlr": parse_placement, "looped": parse_looped_spec, "pause": parse_pause_spec}
+    if kind == "transformer" and not rest:
+        return ModelSpec("transformer")
+    if kind not in parsers or not rest:
+        raise ValueError(f"unknown model {text!r}; models are {MODEL_SPEC_FORMS}")
+    return parsers[kind](rest)
+
+
+def parse_model_specs(text: str) -> list[ModelSpec]:
+    """A comma-separated list of `parse_model_spec` forms (T²MLR placements use '-' inside a spec)."""
+    specs = [parse_model_spec(part) for part in text.split(",") if part.strip()]
+    if not specs:
+        raise ValueError(f"no models named; models are {MODEL_SPEC_FORMS}")
+    return specs
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One built arm of a comparison: its spec, its config and its exact parameter count."""
+
+    spec: ModelSpec
+    config: PretrainedConfig
+    parameters: int
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.config.hidden_size)  # wrapper configs report their base decoder's width
+
+
+def matched_arms(
+    base_config: PretrainedConfig, specs: list[ModelSpec], **t2mlr_settings: object
+) -> tuple[int, list[Arm]]:
+    """T²MLR's parameter count on `base_config` and every arm's config: T²MLR placements on the base
+    itself (with `t2mlr_settings`, T2MLRConfig fields such as d_forward), the other arms at the width
+    matched to T²MLR (the fusion adds 5d² + 3d + 2 parameters whatever the placement, so one target
+    serves every placement)."""
+    reference = T2MLRConfig.from_base(base_config, l_start=1, l_end=1)
+    target = t2mlr_parameter_count(reference)
+    arms = []
+    for spec in specs:
+        config = _arm_config(spec, base_config, reference, t2mlr_settings)
+        arms.append(Arm(spec, config, parameter_count_of_config(config)))
+    return target, arms
+
+
+def _arm_config(
+    spec: ModelSpec, base_config: PretrainedConfig, reference: T2MLRConfig, t2mlr_settings: dict[str, object]
+) -> PretrainedConfig:
+    if spec.kind == "t2mlr":
+        return T2MLRConfig.from_base(base_config, l_start=spec.start, l_end=spec.end, **t2mlr_settings)
+    if spec.kind == "looped":
+        return matched_looped_config(reference, loop_blocks=spec.loop_blocks, loops=spec.loops)
+    if spec.kind == "pause":
+        return matched_pause_config(reference, pauses=spec.period - 1)
+    if spec.kind == "transformer":
+        return matched_transformer_config(reference)
+    raise ValueError(f"unknown model kind {spec.kind!r}; models are {MODEL_SPEC_FORMS}")

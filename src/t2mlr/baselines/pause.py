@@ -10,7 +10,9 @@ How we read Goyal et al. and what we kept:
   is read at the *last* pause before it, so the pauses' computation feeds the prediction.
 * Goyal et al. insert pauses at random places during pretraining and append a block of pauses to the
   prompt downstream. The paper's baseline is a fixed compute multiplier ("×2"), so we use the dense,
-  deterministic layout: P − 1 = `pauses` pause tokens after *every* real token,
+  deterministic layout: P − 1 = `pauses` pause tokens after *every* real token (the decoder runs P
+  tokens per real token: "×P"; the paper's ×2 is `pauses=1`; the command line's `--pause P` and the
+  benchmarks' `pause:P` name the multiplier P, the config field `pauses` the count P − 1),
 
       x1 p x2 p x3 p ...          (×2, pauses = 1)
 
@@ -55,46 +57,31 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import (
-    AutoConfig,
-    AutoModelForCausalLM,
-    DynamicCache,
-    GenerationMixin,
-    PretrainedConfig,
-    PreTrainedModel,
-)
+from transformers import DynamicCache, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from t2mlr.baselines.decoder_parts import (
-    as_base_config,
-    attention_masks,
-    block_attention_kinds,
-    build_base_model,
-    check_attention_mask,
-    check_no_extra_outputs,
+    WrappedDecoderConfig,
+    WrappedDecoderForCausalLM,
     check_positive_int,
-    check_supported_base,
-    chunk_position_ids,
-    chunk_shape,
-    inherit_special_tokens,
-    kept_positions,
-    wrap_pretrained,
 )
+from t2mlr.model.layout import TokenLayout, layer_inputs
 
-__all__ = ["PauseCache", "PauseConfig", "PauseForCausalLM"]
+__all__ = ["PauseCache", "PauseConfig", "PauseForCausalLM", "interleaved_layout"]
 
 
-class PauseConfig(PretrainedConfig):
+class PauseConfig(WrappedDecoderConfig):
     """A base decoder's config plus the pause layout.
 
     Args:
         base_config: config of the wrapped decoder (Llama, Mistral, Qwen2, Qwen3 or the matched Llama).
-        pauses: pause tokens after every real token (P − 1 for a ×P model; 1 for the paper's ×2).
+        pauses: pause tokens after every real token: P − 1 for a ×P model (1 for the paper's ×2).
         pause_token_id: id of the first pause token (default: the base vocabulary size); pause j has id
             pause_token_id + j. Must not collide with the vocabulary [0, vocab_size).
     """
 
     model_type = "t2mlr_pause"
+    wrapper_name = "pause-token model"
 
     def __init__(
         self,
@@ -103,30 +90,9 @@ class PauseConfig(PretrainedConfig):
         pause_token_id: int | None = None,
         **kwargs: Any,
     ) -> None:
-        self.base_config = as_base_config(base_config)
         self.pauses = pauses
-        if pause_token_id is None and self.base_config is not None:
-            pause_token_id = int(self.base_config.vocab_size)
         self.pause_token_id = pause_token_id
-        inherit_special_tokens(self.base_config, kwargs)
-        super().__init__(**kwargs)
-        if self.base_config is not None:
-            self.validate_pauses()
-
-    @classmethod
-    def from_base(cls, base_config: PretrainedConfig | dict[str, Any] | str, pauses: int, **kwargs: Any) -> PauseConfig:
-        """A pause config around a base config (object, dict, or hub id / local path)."""
-        if isinstance(base_config, str):
-            base_config = AutoConfig.from_pretrained(base_config)
-        return cls(base_config=base_config, pauses=pauses, **kwargs)
-
-    @property
-    def hidden_size(self) -> int:
-        return int(self.base_config.hidden_size)
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self.base_config.vocab_size)
+        super().__init__(base_config, **kwargs)
 
     @property
     def period(self) -> int:
@@ -137,19 +103,21 @@ class PauseConfig(PretrainedConfig):
     def pause_token_ids(self) -> list[int]:
         return list(range(self.pause_token_id, self.pause_token_id + self.pauses))
 
-    def get_text_config(self, *args: Any, **kwargs: Any) -> PretrainedConfig:
-        """Generation reads the (real) vocabulary and special tokens from the wrapped decoder's config."""
-        return self.base_config
-
-    def validate_pauses(self) -> None:
-        check_supported_base(self.base_config, "pause-token model")
+    def check_settings(self) -> None:
+        """The pause count, and the first pause id (the base vocabulary size when not given)."""
         check_positive_int("pauses", self.pauses)
+        if self.pause_token_id is None:
+            self.pause_token_id = self.vocab_size
         first = self.pause_token_id
         if isinstance(first, bool) or not isinstance(first, int) or first < self.vocab_size:
             raise ValueError(
                 f"pause_token_id must be an int >= vocab_size={self.vocab_size} (pause ids may not collide with the "
                 f"vocabulary [0, {self.vocab_size})), got {first!r}"
             )
+
+    def describe(self) -> str:
+        """E.g. "pause tokens ×2 (1 after every token)"."""
+        return f"pause tokens ×{self.period} ({self.pauses} after every token)"
 
 
 class PauseCache(DynamicCache):
@@ -181,65 +149,50 @@ class PauseCache(DynamicCache):
         super().crop(tokens_to_remove * self.period)
 
 
-class PauseForCausalLM(PreTrainedModel, GenerationMixin):
+def interleaved_layout(layout: TokenLayout, period: int) -> TokenLayout:
+    """The layout of the real tokens with P − 1 pauses after each: a pause shares its token's padding bit
+    and document, and sits at position p·P + j (p its token's position, j = 1 .. P − 1)."""
+    batch, length = layout.real.shape
+    offsets = torch.arange(period, device=layout.real.device)
+    starts = torch.zeros(batch, length, period, dtype=torch.bool, device=layout.real.device)
+    starts[..., 0] = layout.document_start
+    documents = layout.document_ids
+    return TokenLayout(
+        position_ids=(layout.position_ids[..., None] * period + offsets).reshape(batch, length * period),
+        real=layout.real.repeat_interleave(period, dim=1),
+        document_start=starts.reshape(batch, length * period),
+        document_ids=None if documents is None else documents.repeat_interleave(period, dim=1),
+    )
+
+
+class PauseForCausalLM(WrappedDecoderForCausalLM):
     """Causal LM with pause tokens after every real token (see the module docstring)."""
 
     config_class = PauseConfig
     base_model_prefix = "pause"
-    main_input_name = "input_ids"
-    supports_gradient_checkpointing = True
-    _supports_sdpa = True
-    _supports_flash_attn = True
-    _supports_attention_backend = True
-    _no_split_modules = ["LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer"]
 
-    def __init__(self, config: PauseConfig, base_model: PreTrainedModel | None = None) -> None:
-        super().__init__(config)
-        config.validate_pauses()
-        if base_model is None:
-            base_model = build_base_model(config.base_config, config._attn_implementation, "pause-token model")
-        self.base = base_model
-        self.pause_embeddings = nn.Embedding(config.pauses, config.hidden_size)
-        self.post_init()
-        reference = self.base.model.embed_tokens.weight
-        self.pause_embeddings.to(device=reference.device, dtype=reference.dtype)
+    def build_own_modules(self) -> list[nn.Module]:
+        self.pause_embeddings = nn.Embedding(self.config.pauses, self.config.hidden_size)
+        return [self.pause_embeddings]
 
     @classmethod
     def from_base(
         cls,
         base: PreTrainedModel | PretrainedConfig | str,
-        pauses: int,
+        pauses: int = 1,
         load_kwargs: dict[str, Any] | None = None,
         **config_kwargs: Any,
     ) -> PauseForCausalLM:
-        """A pause-token model around a base decoder: a model object keeps its weights (the pause embeddings
-        are new), a hub id / local path is loaded first, a config gives a freshly initialised model."""
-        if load_kwargs and not isinstance(base, str):
-            raise ValueError("load_kwargs applies only when `base` is a hub id or path")
-        if isinstance(base, str):
-            base = AutoModelForCausalLM.from_pretrained(base, **(load_kwargs or {}))
-        if isinstance(base, PretrainedConfig):
-            return cls(PauseConfig.from_base(base, pauses, **config_kwargs))
-        if not isinstance(base, PreTrainedModel):
-            raise ValueError(f"base must be a model, a config, or a hub id / path, got {type(base).__name__}")
-        return wrap_pretrained(cls, PauseConfig.from_base(base.config, pauses, **config_kwargs), base)
+        """A pause-token model around a base decoder (see `WrappedDecoderForCausalLM.wrap`): a model object
+        keeps its weights (the pause embeddings are new), a hub id / local path is loaded first, a config
+        gives a freshly initialised model."""
+        return cls.wrap(base, load_kwargs, pauses=pauses, **config_kwargs)
 
-    def _init_weights(self, module: nn.Module) -> None:
-        if hasattr(self, "base"):
-            self.base._init_weights(module)  # the pause embeddings are initialised like token embeddings
+    def new_cache(self, offloading: bool = False) -> PauseCache:
+        return PauseCache(self.config, offloading=offloading)
 
-    def get_input_embeddings(self) -> nn.Module:
-        return self.base.get_input_embeddings()
-
-    def set_input_embeddings(self, value: nn.Module) -> None:
-        self.base.set_input_embeddings(value)
-
-    def get_output_embeddings(self) -> nn.Module:
-        return self.base.get_output_embeddings()
-
-    @property
-    def layers(self) -> nn.ModuleList:
-        return self.base.model.layers
+    def fits_cache(self, cache: Any) -> bool:
+        return isinstance(cache, PauseCache) and cache.period == self.config.period
 
     # ----------------------------------------------------------------------------- the interleaved sequence
     def extended_input_ids(self, input_ids: torch.LongTensor) -> torch.LongTensor:
@@ -285,65 +238,31 @@ class PauseForCausalLM(PreTrainedModel, GenerationMixin):
         **kwargs: Any,
     ) -> CausalLMOutputWithPast:
         """Causal-LM forward over real tokens (see the module docstring); the pauses are inserted here. A
-        cache is used when `past_key_values` is passed (a `PauseCache`) or created when `use_cache=True`."""
-        check_no_extra_outputs(kwargs)
-        period, base_config = self.config.period, self.base.config
-        batch, length = chunk_shape(input_ids, inputs_embeds, self.config.hidden_size, self.config.vocab_size)
-        cache = self._resolve_cache(past_key_values, use_cache)
-        past = self._cached_real_tokens(cache)
-        attention_mask = check_attention_mask(attention_mask, batch, past + length)
-        real_embeds = self.base.model.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
-        hidden = self._interleave_pauses(real_embeds)
-        real_positions = chunk_position_ids(attention_mask, position_ids, past, batch, length, hidden.device)
-        offsets = torch.arange(period, device=hidden.device)
-        positions = (real_positions[..., None] * period + offsets).reshape(batch, length * period)
+        cache is used when `past_key_values` is passed (a `PauseCache`) or created when `use_cache=True`.
+        Real position p becomes p·P .. p·P + P − 1, so real positions must stay below
+        max_position_embeddings // P."""
+        period, base_config = self.config.period, self.config.base_config
+        max_positions = getattr(base_config, "max_position_embeddings", None)
+        cache, layout, attention_mask = self.checked_inputs(
+            input_ids, inputs_embeds, attention_mask, position_ids, labels, past_key_values, use_cache,
+            None if max_positions is None else max_positions // period, kwargs,
+        )
+        self._check_whole_groups(cache)
+        hidden = self._interleave_pauses(self.base.model.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds)
         extended_mask = None if attention_mask is None else attention_mask.repeat_interleave(period, dim=1)
-        masks = attention_masks(base_config, hidden, extended_mask, cache, positions)
-        rotary = self.base.model.rotary_emb(hidden, position_ids=positions)
-        for block, kind in enumerate(block_attention_kinds(base_config)):
-            hidden = self.layers[block](
-                hidden,
-                attention_mask=masks[kind],
-                position_ids=positions,
-                past_key_values=cache,
-                use_cache=cache is not None,
-                position_embeddings=rotary,
-            )
+        inputs = layer_inputs(base_config, self.base.model.rotary_emb, hidden, extended_mask,
+                              interleaved_layout(layout, period), cache)
+        for block in range(len(self.layers)):
+            hidden = self.run_block(block, hidden, inputs)
         at_last_pause = hidden[:, period - 1 :: period]  # predicts the next real token
-        logits = self.base.lm_head(self.base.model.norm(at_last_pause[:, kept_positions(logits_to_keep)]))
-        loss = None
-        if labels is not None:
-            loss = self.base.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+        logits, loss = self.head_and_loss(at_last_pause, labels, logits_to_keep, **kwargs)
         return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=cache)
 
-    def _resolve_cache(self, past_key_values: Any, use_cache: bool | None) -> PauseCache | None:
-        if past_key_values is None:
-            return PauseCache(self.config) if use_cache else None
-        if use_cache is False:
-            raise ValueError("use_cache=False contradicts the past_key_values that was passed")
-        if not isinstance(past_key_values, PauseCache) or past_key_values.period != self.config.period:
-            raise ValueError(
-                f"past_key_values must be a PauseCache built from this model's config (period {self.config.period}: "
-                f"each real token and its pauses), got {type(past_key_values).__name__}"
-            )
-        return past_key_values
-
-    def _cached_real_tokens(self, cache: PauseCache | None) -> int:
-        if cache is None:
-            return 0
-        extended = cache.extended_length()
+    def _check_whole_groups(self, cache: PauseCache | None) -> None:
+        """A cache filled by this model holds whole groups of a token and its pauses."""
+        extended = 0 if cache is None else cache.extended_length()
         if extended % self.config.period:
             raise ValueError(
                 f"the cache holds {extended} positions, not a whole number of (token + {self.config.pauses} pauses) "
                 "groups: it was filled by another model"
             )
-        return extended // self.config.period
-
-    def _prepare_cache_for_generation(
-        self, generation_config: Any, model_kwargs: dict, *args: Any, **kwargs: Any
-    ) -> None:
-        """generate() gets a `PauseCache`, whose lengths count real tokens as generate() slices inputs by."""
-        super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
-        cache = model_kwargs.get("past_key_values")
-        if type(cache) is DynamicCache and not getattr(cache, "_is_user_defined", False):
-            model_kwargs["past_key_values"] = PauseCache(self.config, offloading=cache.offloading)

@@ -83,7 +83,11 @@ def run_tokenize(args: argparse.Namespace) -> int:
 def run_prepare(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from t2mlr.corpus.offline import iter_texts, prepare_offline_corpus, train_bpe_tokenizer
+    from t2mlr.corpus.offline import (
+        iter_texts,
+        prepare_offline_corpus,
+        train_bpe_tokenizer,
+    )
 
     try:
         summary = prepare_offline_corpus(args.out, sources=args.sources.split(","),

@@ -43,7 +43,13 @@ from t2mlr.corpus.shards import (
     token_dtype,
     write_json_atomic,
 )
-from t2mlr.corpus.sources import Cursor, DocumentStream, InputFile, TxtDocuments, resolve_inputs
+from t2mlr.corpus.sources import (
+    Cursor,
+    DocumentStream,
+    InputFile,
+    TxtDocuments,
+    resolve_inputs,
+)
 
 DEFAULT_SHARD_TOKENS = 1 << 27  # 128 Mi tokens: 256 MiB uint16 shards
 DEFAULT_BATCH_CHARS = 1 << 20

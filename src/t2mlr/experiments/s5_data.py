@@ -30,7 +30,11 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from t2mlr.tasks.jsonl import read_jsonl
 from t2mlr.tasks.s5 import Perm, generating_set
-from t2mlr.tasks.s5_retrieval import generate_s5_retrieval, make_sample, validate_alphabet
+from t2mlr.tasks.s5_retrieval import (
+    generate_s5_retrieval,
+    make_sample,
+    validate_alphabet,
+)
 from t2mlr.tasks.tokenizers import IGNORE_INDEX, encode_s5_sample
 
 __all__ = [

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-
 from typing import TYPE_CHECKING
 
 from t2mlr.utils import DTYPES
@@ -92,7 +91,11 @@ def run_generate(args: argparse.Namespace) -> int:
     """Load, generate with streaming, end with a newline. Setup problems exit with code 2 and one line."""
     from transformers import TextStreamer
 
-    from t2mlr.generation.loading import ModelDirectoryError, check_model_dir, load_model
+    from t2mlr.generation.loading import (
+        ModelDirectoryError,
+        check_model_dir,
+        load_model,
+    )
     from t2mlr.generation.text import generate_text
     from t2mlr.utils import load_tokenizer
 

@@ -1,7 +1,8 @@
 """The T²MLR model, in dependency order: the fusion Φ and cache norm (`fusion`), the recurrent cache
 (`cache`), the token layout and masks (`layout`), the input checks (`checks`), the config and the
-forward-path decision (`configuration`), generation plumbing (`generation`) and the model itself
-(`modeling`). `shapes` names the published base-model shapes the paper uses.
+forward-path decision (`configuration`), generation plumbing (`generation`), what every wrapper of a
+Hugging Face decoder shares (`wrapping`; the looped and pause-token baselines use it too) and the model
+itself (`modeling`). `shapes` names the published base-model shapes the paper uses.
 
 Importing this package registers the `t2mlr` model type with `AutoConfig` and `AutoModelForCausalLM`,
 so `AutoModelForCausalLM.from_pretrained(dir)` loads saved T²MLR models."""
@@ -11,7 +12,12 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from .cache import T2MLRCache
 from .configuration import ForwardPath, T2MLRConfig
 from .fusion import CacheNorm, GatedFusion
-from .modeling import T2MLRCausalLMOutput, T2MLRForCausalLM, T2MLRPreTrainedModel, is_t2mlr
+from .modeling import (
+    T2MLRCausalLMOutput,
+    T2MLRForCausalLM,
+    T2MLRPreTrainedModel,
+    is_t2mlr,
+)
 
 AutoConfig.register(T2MLRConfig.model_type, T2MLRConfig, exist_ok=True)
 AutoModelForCausalLM.register(T2MLRConfig, T2MLRForCausalLM, exist_ok=True)

@@ -11,10 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from transformers import DynamicCache
 
 from t2mlr.utils import IGNORE_INDEX
 
 from .cache import T2MLRCache
+from .layout import TokenLayout, token_layout
 
 INTEGER_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
@@ -73,6 +75,30 @@ def check_value_ranges(
             f"position {highest_position} exceeds the base model's limit (max_position_embeddings={max_positions}); "
             "shorten the sequence or pack it into documents"
         )
+
+
+def checked_chunk(
+    input_ids: torch.Tensor | None,
+    inputs_embeds: torch.Tensor | None,
+    attention_mask: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    labels: torch.Tensor | None,
+    cache: DynamicCache | None,
+    hidden_size: int,
+    vocab_size: int,
+    max_positions: int | None,
+    document_ids: torch.Tensor | None = None,
+) -> tuple[TokenLayout, torch.Tensor | None]:
+    """Every check of a forward's inputs, in order, and the chunk's token layout (positions, padding,
+    document starts) after the `cache.get_seq_length()` tokens the cache holds. Returns the layout and
+    the checked attention mask."""
+    batch, length, device = chunk_shape(input_ids, inputs_embeds, hidden_size)
+    check_labels_shape(labels, batch, length)
+    past = cache.get_seq_length() if cache is not None else 0
+    attention_mask = checked_attention_mask(attention_mask, batch, past + length)
+    layout = token_layout(attention_mask, position_ids, document_ids, past, batch, length, device)
+    check_value_ranges(input_ids, labels, layout.position_ids, vocab_size, max_positions)
+    return layout, attention_mask
 
 
 def check_labels_shape(labels: torch.Tensor | None, batch: int, length: int) -> None:

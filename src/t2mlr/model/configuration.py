@@ -20,7 +20,13 @@ from typing import Any, Literal, get_args
 from transformers import AutoConfig, PretrainedConfig
 
 from t2mlr.model.remote_code import AUTO_MAP
-from t2mlr.utils import Field, check_known_names, keyword_parameters, signature_fields, unknown_name_message
+from t2mlr.utils import (
+    Field,
+    check_known_names,
+    keyword_parameters,
+    signature_fields,
+    unknown_name_message,
+)
 
 RecurrencePath = Literal["exact", "jacobi", "off"]
 RecurrenceMaskPolicy = Literal["all", "mask"]
@@ -45,6 +51,18 @@ def check_depths(d_forward: int, d_backward: int) -> None:
         raise ValueError(f"d_forward must be >= 1 (number of Jacobi cache iterations), got {d_forward}")
     if not 1 <= d_backward <= d_forward:
         raise ValueError(f"d_backward must satisfy 1 <= d_backward <= d_forward={d_forward}, got {d_backward}")
+
+
+def check_block_range(start: Any, end: Any, num_layers: int, names: tuple[str, str]) -> None:
+    """A 1-based, inclusive block range inside a `num_layers`-block model; `names` are the fields' names."""
+    check_int(start, names[0])
+    check_int(end, names[1])
+    if not 1 <= start <= end <= num_layers:
+        first, last = names
+        raise ValueError(
+            f"need 1 <= {first} <= {last} <= {num_layers} (1-based, inclusive block indices of a {num_layers}-block "
+            f"model); got {first}={start}, {last}={end}"
+        )
 
 
 def check_recurrence_path(path: Any, name: str = "recurrence") -> None:
@@ -100,6 +118,16 @@ def build_base_config(fields: dict[str, Any]) -> PretrainedConfig:
     return config
 
 
+def resolve_base_config(base_config: PretrainedConfig | dict[str, Any] | str) -> PretrainedConfig:
+    """A base config given as an object, a dict of user-written fields with `model_type` (checked key by
+    key, `build_base_config`) or a hub id / local path."""
+    if isinstance(base_config, str):
+        return AutoConfig.from_pretrained(base_config)
+    if isinstance(base_config, dict):
+        return build_base_config(base_config)
+    return base_config
+
+
 def _as_base_config(base_config: PretrainedConfig | dict[str, Any] | None) -> PretrainedConfig | None:
     """A serialised base config (a saved config.json's dict with `model_type`) back as its class.
 
@@ -112,6 +140,18 @@ def _as_base_config(base_config: PretrainedConfig | dict[str, Any] | None) -> Pr
         raise ValueError("base_config must be a transformers PretrainedConfig or a dict with a 'model_type' key")
     fields = dict(base_config)
     return AutoConfig.for_model(fields.pop("model_type"), **fields)
+
+
+INHERITED_BASE_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id", "tie_word_embeddings")
+
+
+def inherit_base_fields(base_config: PretrainedConfig | None, kwargs: dict[str, Any]) -> None:
+    """A wrapper config's special token ids and embedding tying default to its base config's, so
+    `generate()` and weight tying read the same values through either config."""
+    if base_config is None:
+        return
+    for name in INHERITED_BASE_FIELDS:
+        kwargs.setdefault(name, getattr(base_config, name, None))
 
 
 # ---------------------------------------------------------------------------------------------- forward path
@@ -138,7 +178,37 @@ class ForwardPath:
 # ---------------------------------------------------------------------------------------------- the config
 
 
-class T2MLRConfig(PretrainedConfig):
+class WrapsBaseConfig:
+    """Mixin of a config that holds a wrapped decoder's config as `base_config` (list it before
+    PretrainedConfig): depth, width and vocabulary are the base's, and caches and generation read the
+    base's layer layout, vocabulary and special tokens."""
+
+    base_config: PretrainedConfig | None
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.require_base_config().num_hidden_layers)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.require_base_config().hidden_size)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.require_base_config().vocab_size)
+
+    def require_base_config(self) -> PretrainedConfig:
+        if self.base_config is None:
+            name = type(self).__name__
+            raise ValueError(f"this {name} has no base_config; build it with {name}.from_base(base_config, ...)")
+        return self.base_config
+
+    def get_text_config(self, *args: Any, **kwargs: Any) -> PretrainedConfig:
+        """Caches and generation read layer layout and vocabulary from the wrapped decoder's config."""
+        return self.base_config
+
+
+class T2MLRConfig(WrapsBaseConfig, PretrainedConfig):
     """Configuration of a T²MLR causal LM wrapping a Hugging Face decoder.
 
     Args:
@@ -188,9 +258,8 @@ class T2MLRConfig(PretrainedConfig):
         self.train_recurrence = train_recurrence
         self.eval_recurrence = eval_recurrence
         self.recurrence_mask_policy = recurrence_mask_policy
+        inherit_base_fields(self.base_config, kwargs)
         if self.base_config is not None:
-            for name in ("bos_token_id", "eos_token_id", "pad_token_id", "tie_word_embeddings"):
-                kwargs.setdefault(name, getattr(self.base_config, name, None))
             kwargs.setdefault("auto_map", dict(AUTO_MAP))  # loads without `import t2mlr` (remote_code.py)
         super().__init__(**kwargs)
         if self.base_config is not None:
@@ -208,34 +277,7 @@ class T2MLRConfig(PretrainedConfig):
         """Build a T²MLR config around a base config: an object, a dict of its fields with `model_type`
         (checked key by key) or a hub id / local path. `kwargs` are recurrence fields only."""
         check_known_names(kwargs, cls.recurrence_fields(), "T2MLRConfig field")
-        if isinstance(base_config, str):
-            base_config = AutoConfig.from_pretrained(base_config)
-        elif isinstance(base_config, dict):
-            base_config = build_base_config(base_config)
-        return cls(base_config=base_config, l_start=l_start, l_end=l_end, **kwargs)
-
-    @property
-    def num_layers(self) -> int:
-        return int(self.require_base_config().num_hidden_layers)
-
-    @property
-    def hidden_size(self) -> int:
-        return int(self.require_base_config().hidden_size)
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self.require_base_config().vocab_size)
-
-    def require_base_config(self) -> PretrainedConfig:
-        if self.base_config is None:
-            raise ValueError(
-                "this T2MLRConfig has no base_config; build it with T2MLRConfig.from_base(base_config, l_start, l_end)"
-            )
-        return self.base_config
-
-    def get_text_config(self, *args: Any, **kwargs: Any) -> PretrainedConfig:
-        """Caches and generation read layer layout and vocabulary from the wrapped decoder's config."""
-        return self.base_config
+        return cls(base_config=resolve_base_config(base_config), l_start=l_start, l_end=l_end, **kwargs)
 
     def validate_recurrence(self) -> None:
         """Check every recurrence field; the message says what is wrong and what is allowed."""
@@ -245,14 +287,7 @@ class T2MLRConfig(PretrainedConfig):
             raise ValueError(
                 f"T²MLR cannot wrap base model type {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
             )
-        n = self.num_layers
-        check_int(self.l_start, "l_start")
-        check_int(self.l_end, "l_end")
-        if not 1 <= self.l_start <= self.l_end <= n:
-            raise ValueError(
-                f"need 1 <= l_start <= l_end <= {n} (1-based, inclusive block indices of a {n}-block model); "
-                f"got l_start={self.l_start}, l_end={self.l_end}"
-            )
+        check_block_range(self.l_start, self.l_end, self.num_layers, ("l_start", "l_end"))
         check_depths(self.d_forward, self.d_backward)
         check_jacobi_tol(self.jacobi_tol)
         check_bptt_window(self.bptt_window)

@@ -15,7 +15,6 @@ from typing import Callable
 import torch
 from torch import nn
 
-
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 

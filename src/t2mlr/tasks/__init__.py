@@ -8,7 +8,15 @@ metrics in ``scoring``; the ``t2mlr data …`` command in ``commands``.
 from t2mlr.tasks.jsonl import read_jsonl, write_jsonl
 from t2mlr.tasks.loaders import DataUnavailableError, load_gsm_aug, load_hotpotqa_cot
 from t2mlr.tasks.prosqa import check_answer, check_path, generate_prosqa_hard
-from t2mlr.tasks.s5 import ELEMENTS, IDENTITY, compose, inverse, perm_to_token, running_products, token_to_perm
+from t2mlr.tasks.s5 import (
+    ELEMENTS,
+    IDENTITY,
+    compose,
+    inverse,
+    perm_to_token,
+    running_products,
+    token_to_perm,
+)
 from t2mlr.tasks.s5_retrieval import (
     generate_s5_eval,
     generate_s5_retrieval,
@@ -23,8 +31,15 @@ from t2mlr.tasks.scoring import (
     score_s5_predictions,
     variable_assignment_exact_match,
 )
-from t2mlr.tasks.tokenizers import build_s5_tokenizer, build_word_tokenizer, encode_s5_sample
-from t2mlr.tasks.variable_assignment import generate_variable_assignment, solve_variable_assignment
+from t2mlr.tasks.tokenizers import (
+    build_s5_tokenizer,
+    build_word_tokenizer,
+    encode_s5_sample,
+)
+from t2mlr.tasks.variable_assignment import (
+    generate_variable_assignment,
+    solve_variable_assignment,
+)
 
 __all__ = [
     "DataUnavailableError",

@@ -39,7 +39,14 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from t2mlr.tasks.jsonl import read_jsonl, write_jsonl
-from t2mlr.tasks.s5 import ELEMENTS, Perm, is_perm_token, perm_to_token, running_products, token_to_perm
+from t2mlr.tasks.s5 import (
+    ELEMENTS,
+    Perm,
+    is_perm_token,
+    perm_to_token,
+    running_products,
+    token_to_perm,
+)
 
 __all__ = [
     "BLANK",

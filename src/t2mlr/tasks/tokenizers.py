@@ -36,7 +36,12 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from t2mlr.tasks.s5 import ALL_TOKENS
-from t2mlr.tasks.s5_retrieval import BLANK, DEFAULT_ALPHABET, DELIMITER, validate_alphabet
+from t2mlr.tasks.s5_retrieval import (
+    BLANK,
+    DEFAULT_ALPHABET,
+    DELIMITER,
+    validate_alphabet,
+)
 from t2mlr.utils import IGNORE_INDEX
 
 __all__ = [

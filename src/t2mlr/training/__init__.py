@@ -10,7 +10,12 @@ Quick start::
 
 from t2mlr.training.config import ConfigError, TrainConfig, load_config
 from t2mlr.training.data import (
-    Collator, PackedTokenDataset, ResumableBatchSampler, SyntheticChainDataset, build_dataset, pack_documents,
+    Collator,
+    PackedTokenDataset,
+    ResumableBatchSampler,
+    SyntheticChainDataset,
+    build_dataset,
+    pack_documents,
     shift_aligned_labels,
 )
 from t2mlr.training.trainer import NonFiniteLossError, Trainer, TrainResult, train

@@ -158,7 +158,12 @@ def torch_set_threads(choice: tuple[int, str]) -> None:
 
 def run_tokenize(args: argparse.Namespace) -> int:
     """Exit 0 with the token count printed; 2 with a one-line message on bad input (nothing is left behind)."""
-    from t2mlr.training.data import TOKEN_FILE_LIMIT, DataError, read_jsonl_documents, write_token_file
+    from t2mlr.training.data import (
+        TOKEN_FILE_LIMIT,
+        DataError,
+        read_jsonl_documents,
+        write_token_file,
+    )
     from t2mlr.utils import TokenizerNotFoundError, load_tokenizer
 
     try:

@@ -6,6 +6,9 @@ YAML's habit of reading `5e-4` (no dot) as a string.
 
 A YAML file may start with `extends: other.yaml` (a path relative to the file): the other file is
 loaded first and this file's keys are merged into it, so the four paper placements share one preset.
+A mapping tagged `!replace` replaces the inherited mapping instead of merging into it: a baseline preset
+extends the T²MLR preset of its setting and writes its own `model: !replace` section, without the
+T²MLR settings it would otherwise inherit.
 """
 
 from __future__ import annotations
@@ -33,6 +36,19 @@ class ConfigError(ValueError):
 
 class UnsupportedType(ConfigError):
     """A declared type the coercion does not know."""
+
+
+class ReplacingMapping(dict):
+    """A YAML mapping tagged `!replace`: it replaces the mapping it would otherwise be merged into."""
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """yaml.SafeLoader plus the `!replace` tag."""
+
+
+_ConfigLoader.add_constructor(
+    "!replace", lambda loader, node: ReplacingMapping(loader.construct_mapping(node, deep=True))
+)
 
 
 @dataclass
@@ -68,7 +84,14 @@ class ModelConfig:
         valid = own + list(fields)
         for key in data:
             if key not in valid:
-                raise ConfigError(_unknown_key_message(f"{where}{key}", key, valid))
+                owner = next((name for name, arch in ARCHITECTURES.items() if key in arch.settings()), None)
+                if owner is None:
+                    raise ConfigError(_unknown_key_message(f"{where}{key}", key, valid))
+                raise ConfigError(
+                    f"{where}{key} is a setting of model.arch {owner!r}, not of {arch_name!r} (its keys: "
+                    f"{', '.join(valid)}); a config for another architecture that extends this one replaces the "
+                    "inherited model section with `model: !replace` (as smollm2_135m_baseline.yaml does)"
+                )
         hints = typing.get_type_hints(cls)
         kwargs = {key: _coerce(value, hints[key], f"{where}{key}") for key, value in data.items() if key in own}
         settings = {
@@ -357,7 +380,7 @@ def load_yaml_tree(path: Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     if path in _seen:
         raise ConfigError(f"circular 'extends' chain: {' -> '.join(str(p) for p in (*_seen, path))}")
     with open(path, encoding="utf-8") as handle:
-        tree = yaml.safe_load(handle) or {}
+        tree = yaml.load(handle, Loader=_ConfigLoader) or {}  # noqa: S506  (a SafeLoader subclass)
     if not isinstance(tree, dict):
         raise ConfigError(f"{path}: top level must be a mapping")
     parent = tree.pop("extends", None)
@@ -368,10 +391,11 @@ def load_yaml_tree(path: Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
 
 
 def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
-    """Recursively merge `update` into a copy of `base` (mappings merge, everything else replaces)."""
+    """Recursively merge `update` into a copy of `base` (mappings merge, unless tagged `!replace`;
+    everything else replaces)."""
     merged = dict(base)
     for key, value in update.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+        if isinstance(value, dict) and not isinstance(value, ReplacingMapping) and isinstance(merged.get(key), dict):
             merged[key] = deep_merge(merged[key], value)
         else:
             merged[key] = value
@@ -453,7 +477,7 @@ def validate(cfg: TrainConfig) -> None:
 def _validate_model(m: ModelConfig) -> None:
     """The base config by its own class, the architecture's settings against it (by the architecture's
     config class), and the trainer's own model keys."""
-    from t2mlr.training.architectures import get_architecture
+    from t2mlr.training.architectures import checkpointing_refusal, get_architecture
 
     if (m.base is None) == (m.pretrained is None):
         raise ConfigError("model: set exactly one of model.base (config dict, from scratch) or model.pretrained")
@@ -466,11 +490,11 @@ def _validate_model(m: ModelConfig) -> None:
             get_architecture(m.arch).check(base_config, m.settings)
         except ValueError as err:
             raise ConfigError(f"model: {err}") from err
-    if m.activation_checkpointing and (m.arch != "t2mlr" or m.setting("train_recurrence") == "exact"):
+    refusal = checkpointing_refusal(m.arch, m.settings) if m.activation_checkpointing else None
+    if refusal is not None:
         raise ConfigError(
-            "model.activation_checkpointing checkpoints the T²MLR middle block and needs arch t2mlr with "
-            "train_recurrence=jacobi: the exact path carries a KV cache through the middle block, which "
-            "recomputation would append to twice"
+            f"model.activation_checkpointing checkpoints the blocks a model runs several times per step (T²MLR's "
+            f"middle block, a looped model's looped blocks); model.arch {m.arch!r} refuses it: {refusal}"
         )
 
 

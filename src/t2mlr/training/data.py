@@ -46,7 +46,13 @@ from tqdm.auto import tqdm
 
 from t2mlr.model.layout import positions_within_documents
 from t2mlr.training.config import DataConfig
-from t2mlr.utils import IGNORE_INDEX, TokenizerNotFoundError, check_known_names, load_tokenizer, signature_fields
+from t2mlr.utils import (
+    IGNORE_INDEX,
+    TokenizerNotFoundError,
+    check_known_names,
+    load_tokenizer,
+    signature_fields,
+)
 
 # ---------------------------------------------------------------------------------------------
 # Data errors

@@ -2,10 +2,10 @@
 
 Parallelism stays out of the model code: this module only wraps a finished model.
 
-FSDP2 (`fully_shard`) is applied per decoder layer, then to the root. The middle block's layers
-(blocks l_start..l_end) keep their parameters gathered after forward (`reshard_after_forward=False`),
-because the Jacobi path runs them d_forward + 1 times per step and re-gathering each time would
-multiply communication. FSDP2 cannot shard 0-dim parameters, and the fusion gates γ_cur, γ_rec are
+FSDP2 (`fully_shard`) is applied per decoder layer, then to the root. The layers that run several
+times per step keep their parameters gathered after forward (`reshard_after_forward=False`), because
+re-gathering them before each run would multiply communication: T²MLR's middle block (blocks
+l_start..l_end, d_forward + 1 runs on the Jacobi path) and a looped model's looped blocks (`loops` runs). FSDP2 cannot shard 0-dim parameters, and the fusion gates γ_cur, γ_rec are
 scalars, so every scalar parameter is left replicated (`ignored_params`) and its gradient is
 averaged by hand in `sync_replicated_grads`.
 """
@@ -91,8 +91,8 @@ def scalar_params(module: nn.Module) -> set[nn.Parameter]:
 def apply_fsdp(model: nn.Module, layers: list[nn.Module], middle: set[int]) -> nn.Module:
     """Shard each decoder layer, then the root (embeddings, head, fusion), in place.
 
-    `layers` are the decoder layers in order; `middle` holds 0-based indices of the recurrent block,
-    which are not resharded after forward.
+    `layers` are the decoder layers in order; `middle` holds 0-based indices of the blocks that run
+    several times per step (T²MLR's middle block, looped blocks), which are not resharded after forward.
     """
     from torch.distributed.fsdp import fully_shard
 

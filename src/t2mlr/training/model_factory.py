@@ -2,7 +2,12 @@
 
 The forward path is not decided here: a T²MLR model resolves it itself from its config (the
 `train_recurrence` / `eval_recurrence` fields and the Jacobi settings), and the trainer passes only
-what the run overrides (`eval.recurrence`) and logs the path the model reports.
+what the run overrides (`eval.recurrence`) and logs the path the model reports. The looped and
+pause-token baselines have one path; the log names their loop or pause layout instead.
+
+Blocks that run several times per step (T²MLR's middle block, a looped model's looped blocks) are the
+ones `repeated_block_indices` names: activation checkpointing applies to them, and FSDP2 keeps them
+gathered between their runs.
 """
 
 from __future__ import annotations
@@ -13,8 +18,10 @@ from pathlib import Path
 from torch import nn
 from transformers import AutoConfig, PretrainedConfig
 
+from t2mlr.baselines import LoopedForCausalLM
 from t2mlr.model import is_t2mlr
 from t2mlr.model.configuration import build_base_config
+from t2mlr.model.wrapping import WrapsBaseDecoder
 from t2mlr.training.architectures import get_architecture
 from t2mlr.training.config import ModelConfig
 
@@ -37,15 +44,18 @@ def build_model(cfg: ModelConfig) -> nn.Module:
     if cfg.init_from:
         load_initial_weights(model, Path(cfg.init_from))
     if cfg.activation_checkpointing:
-        model.set_middle_checkpointing(True)
+        if arch.enable_checkpointing is None:  # the config check refuses this first; kept for direct callers
+            raise ValueError(f"model.activation_checkpointing does not apply to model.arch {cfg.arch!r}")
+        arch.enable_checkpointing(model)
     return model
 
 
 def describe_path(model: nn.Module, training: bool, recurrence: str | None = None) -> str:
     """The forward path the model takes in training or evaluation mode (with an optional override)."""
-    if not is_t2mlr(model):
-        return "plain (no recurrence)"
-    return model.config.forward_path(training, recurrence).describe()
+    if is_t2mlr(model):
+        return model.config.forward_path(training, recurrence).describe()
+    layout = getattr(model.config, "describe", None)  # the looped and pause-token baselines name theirs
+    return "plain (no recurrence)" if layout is None else f"{layout()} (no recurrence)"
 
 
 def load_initial_weights(model: nn.Module, path: Path) -> None:
@@ -62,13 +72,22 @@ def load_initial_weights(model: nn.Module, path: Path) -> None:
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The decoder layers in order (T²MLR: its base model's; plain HF models and the LSTM: model.model.layers)."""
-    return list(model.layers if is_t2mlr(model) else model.model.layers)
+    """The decoder layers in order (a wrapper's — T²MLR, looped, pause — are its base model's; plain HF
+    models and the LSTM: model.model.layers)."""
+    return list(model.layers if isinstance(model, WrapsBaseDecoder) else model.model.layers)
 
 
-def middle_indices(model: nn.Module) -> set[int]:
-    """0-based indices of the recurrent block (empty for a model without one)."""
-    return set(model.middle_layer_indices()) if is_t2mlr(model) else set()
+def repeated_block_indices(model: nn.Module) -> set[int]:
+    """0-based indices of the blocks that run several times per step: T²MLR's middle block, a looped
+    model's looped blocks (empty for any other model)."""
+    if is_t2mlr(model):
+        return set(model.middle_layer_indices())
+    if isinstance(model, LoopedForCausalLM) and model.config.loops > 1:
+        return set(model.config.looped_indices())
+    return set()
+
+
+middle_indices = repeated_block_indices  # the trainer's name for them
 
 
 def gate_values(model: nn.Module) -> dict[str, nn.Parameter]:

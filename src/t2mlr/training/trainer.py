@@ -34,7 +34,13 @@ from t2mlr.model import is_t2mlr
 from t2mlr.model.remote_code import write_remote_code_modules
 from t2mlr.training import distributed as dist_utils
 from t2mlr.training.checkpoint import CheckpointManager, TrainerState, export_model_dir
-from t2mlr.training.config import ConfigError, DataConfig, TrainConfig, save_config, to_plain
+from t2mlr.training.config import (
+    ConfigError,
+    DataConfig,
+    TrainConfig,
+    save_config,
+    to_plain,
+)
 from t2mlr.training.data import (
     Collator,
     ResumableBatchSampler,

@@ -1,0 +1,136 @@
+"""The FLOP model of the comparisons: a decode step and a training step of T²MLR, the plain Transformer,
+the looped and the pause-token models, computed from their configs alone.
+
+Counted (2 FLOPs per multiply-add): the decoder blocks' projections and MLP, the attention scores and
+weighted sums (2 · 2 · heads · head_dim per query–key pair, causal, so a token at context c attends over
+c keys), the LM head at the positions that get logits, and T²MLR's fusion Φ (10d² per fused token: f_cur
+and f_rec map 2d → d, W_rec d → d). Not counted: norms, activations, rotary embeddings, softmax,
+embedding lookups and the optimizer step (all linear in the width and small next to the matmuls).
+
+* Decode: `generate()` from one BOS token, n new tokens: step k runs at context k (k = 1 .. n). A looped
+  model runs its schedule of L + (K − 1)·D block applications per token, each with its own KV cache; a
+  pause model ×P runs P tokens per step through every block, over a P× longer context (P² × the
+  attention at equal real context); the LM head runs once per real token in every model.
+* Training: forward + backward over a row of N tokens, the backward costing twice the forward of whatever
+  carries gradients. T²MLR on the Jacobi path runs its middle block d_forward + 1 times forward but
+  back-propagates through the last d_backward iterates and the final pass only (docs/semantics.md §5.2).
+
+These are predictions of arithmetic, not of time: a CPU or GPU step also pays per-kernel and Python
+overheads that grow with the number of block calls, which is what a measurement adds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from transformers import PretrainedConfig
+
+from t2mlr.baselines.looped import LoopedConfig
+from t2mlr.baselines.matching import head_dim_of
+from t2mlr.baselines.pause import PauseConfig
+from t2mlr.model import T2MLRConfig
+
+__all__ = ["DecoderShape", "causal_pairs", "decode_flops", "decode_step_flops", "full_pairs", "train_step_flops"]
+
+FUSION_FLOPS_PER_D2 = 10  # Φ per token: two (2d → d) linears and one (d → d): 5d² multiply-adds
+
+
+@dataclass(frozen=True)
+class DecoderShape:
+    """The widths of a decoder that its FLOPs depend on."""
+
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    layers: int
+
+    @classmethod
+    def of(cls, config: PretrainedConfig) -> DecoderShape:
+        """The shape of a plain decoder config, or of the decoder a wrapper config wraps."""
+        base = getattr(config, "base_config", None) or config
+        return cls(
+            hidden=int(base.hidden_size), heads=int(base.num_attention_heads),
+            kv_heads=int(getattr(base, "num_key_value_heads", None) or base.num_attention_heads),
+            head_dim=head_dim_of(base), intermediate=int(base.intermediate_size), vocab=int(base.vocab_size),
+            layers=int(base.num_hidden_layers),
+        )
+
+    def block_matmuls(self, tokens: float) -> float:
+        """Projections (q, k, v, o) and the gated MLP of one block over `tokens` tokens."""
+        attention = 2 * self.hidden * self.heads * self.head_dim + 2 * self.hidden * self.kv_heads * self.head_dim
+        return 2 * tokens * (attention + 3 * self.hidden * self.intermediate)
+
+    def attention(self, pairs: float) -> float:
+        """Scores and weighted sums of one block over `pairs` query–key pairs."""
+        return 4 * self.heads * self.head_dim * pairs
+
+    def head(self, tokens: float) -> float:
+        return 2 * tokens * self.hidden * self.vocab
+
+    def fusion(self, tokens: float) -> float:
+        return FUSION_FLOPS_PER_D2 * tokens * self.hidden**2
+
+
+def causal_pairs(length: float) -> float:
+    """Query–key pairs of causal attention among `length` tokens (what the attention needs)."""
+    return length * (length + 1) / 2
+
+
+def full_pairs(length: float) -> float:
+    """Query–key pairs of a full `length` × `length` score matrix (what eager attention computes, masked
+    pairs included)."""
+    return length * length
+
+
+Pairs = Callable[[float], float]
+
+
+def decode_step_flops(config: PretrainedConfig, context: int, pairs: Pairs = causal_pairs) -> float:
+    """FLOPs of the decode step that reads the `context`-th real token; `pairs(n)` counts the attention
+    pairs among the n tokens a step adds (1, or P for a pause model)."""
+    shape = DecoderShape.of(config)
+    if isinstance(config, PauseConfig):
+        period = config.period
+        attended = period * (context - 1) * period + pairs(period)  # P queries over the interleaved keys
+        return shape.layers * (shape.block_matmuls(period) + shape.attention(attended)) + shape.head(1)
+    applications = len(config.block_schedule()) if isinstance(config, LoopedConfig) else shape.layers
+    step = applications * (shape.block_matmuls(1) + shape.attention(context)) + shape.head(1)
+    if isinstance(config, T2MLRConfig):
+        step += shape.fusion(1)
+    return step
+
+
+def decode_flops(config: PretrainedConfig, new_tokens: int, pairs: Pairs = causal_pairs) -> float:
+    """FLOPs of generating `new_tokens` tokens from one BOS token (the steps at contexts 1 .. new_tokens)."""
+    return sum(decode_step_flops(config, context, pairs) for context in range(1, new_tokens + 1))
+
+
+def train_step_flops(config: PretrainedConfig, seq_len: int, pairs: Pairs = causal_pairs) -> float:
+    """FLOPs of forward + backward over one row of `seq_len` tokens (T²MLR: on its training path)."""
+    shape = DecoderShape.of(config)
+    if isinstance(config, PauseConfig):
+        extended = config.period * seq_len
+        blocks = shape.layers * (shape.block_matmuls(extended) + shape.attention(pairs(extended)))
+        return 3 * (blocks + shape.head(seq_len))
+    block = shape.block_matmuls(seq_len) + shape.attention(pairs(seq_len))
+    if isinstance(config, LoopedConfig):
+        return 3 * (len(config.block_schedule()) * block + shape.head(seq_len))
+    if not isinstance(config, T2MLRConfig) or config.train_recurrence == "off":
+        return 3 * (shape.layers * block + shape.head(seq_len))
+    middle = config.l_end - config.l_start + 1
+    outside = (shape.layers - middle) * block + shape.head(seq_len)
+    if config.train_recurrence == "exact":  # one pass of every block, fused once per token
+        return 3 * (outside + middle * block + shape.fusion(seq_len))
+    forward_passes, gradient_passes = config.d_forward + 1, config.d_backward + 1
+    # the seed pass is the one middle pass without fusion; it carries gradients only when d_backward = d_forward
+    seed_has_gradients = config.d_backward == config.d_forward
+    gradient_fusions = gradient_passes - (1 if seed_has_gradients else 0)
+    forward = outside + forward_passes * middle * block + config.d_forward * shape.fusion(seq_len)
+    backward = 2 * (outside + gradient_passes * middle * block + gradient_fusions * shape.fusion(seq_len))
+    if not seed_has_gradients:  # the first gradient pass reads a detached R: no input gradient of W_rec r
+        backward -= 2 * seq_len * shape.hidden**2
+    return forward + backward
