@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("t2mlr.evaluation.commands", "evaluate with lm-evaluation-harness (the t2mlr model registered)"),
     "params": ("t2mlr.experiments.parameter_counts", "parameter counts of T²MLR and its matched baselines"),
     "experiment": ("t2mlr.experiments.commands", "run a paper experiment end to end"),
+    "analyze": ("t2mlr.analysis.commands", "the paper's analyses on your checkpoints: gradient fidelity, Jacobi vs exact training, probes, gates, placement"),
 }
 # Commands that load saved models also load every model type the library defines (the baselines register
 # theirs with the Auto classes when imported), so a saved baseline loads like a T²MLR model.

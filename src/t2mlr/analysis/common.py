@@ -1,0 +1,256 @@
+"""What every analysis shares: loading a model directory the trainer wrote, reading evaluation data
+through the trainer's own data code, the validation loss on a chosen forward path, and writing a
+result as a markdown table plus JSON.
+
+A model directory is anything `save_pretrained` or the trainer wrote: a run's `final/`, one of its
+`checkpoints/step_N`, a retrofitted pretrained model, or a saved baseline. Data files are read by
+`t2mlr.training.data.build_dataset` from a `DataConfig`, so the analyses see exactly the rows training
+saw: a jsonl of text (tokenized with the model directory's tokenizer) or of token ids, a shards
+directory written by `t2mlr corpus tokenize`, or a `.npy` token stream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from torch import nn
+
+import t2mlr.baselines  # noqa: F401  (registers the baseline model types, so saved baselines load too)
+from t2mlr.analysis.benchmarking import markdown_table
+from t2mlr.generation.loading import load_model
+from t2mlr.model import is_t2mlr
+from t2mlr.training.config import DataConfig
+from t2mlr.training.data import Collator, build_dataset, count_targets
+from t2mlr.training.model_factory import RECURRENCE_ONLY_INPUTS
+from t2mlr.utils import IGNORE_INDEX, TOKENIZER_FILES
+
+__all__ = [
+    "ModelInfo",
+    "causal_lm_loss",
+    "collate_rows",
+    "data_config_for",
+    "describe_model",
+    "fixed_depth",
+    "load_analysis_model",
+    "model_batches",
+    "model_inputs",
+    "parse_int_list",
+    "read_rows",
+    "saved_seq_len",
+    "table",
+    "validation_loss",
+    "write_result",
+]
+
+TRAINER_CONFIG = "config.yaml"  # the trainer writes its config into every checkpoint and final/
+TABLE_SUFFIX, JSON_SUFFIX = ".md", ".json"
+
+
+# ---------------------------------------------------------------------------------------------- models
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a table says about a model: a label, whether it recurs, its depth and its placement."""
+
+    label: str
+    recurrent: bool
+    num_layers: int
+    parameters: int
+    placement: tuple[int, int] | None
+
+
+def load_analysis_model(model_dir: str | Path, device: str = "auto", dtype: str = "float32") -> nn.Module:
+    """A saved model (T²MLR or a plain causal LM) in eval mode, in `dtype` (float32 by default, so that
+    a model saved in bfloat16 is analysed at full precision; "float64" for exactness checks)."""
+    if dtype not in ("float32", "float64", "bfloat16", "auto"):
+        raise ValueError(f"dtype must be one of float32, float64, bfloat16, auto; got {dtype!r}")
+    model = load_model(model_dir, device=device, dtype="float32" if dtype == "float64" else dtype)
+    if dtype == "float64":
+        model = model.to(torch.float64)
+    return model.eval()
+
+
+def describe_model(model: nn.Module, name: str | None = None) -> ModelInfo:
+    """Label and shape of a loaded model; `name` (e.g. a directory) is added to the label when given."""
+    parameters = sum(p.numel() for p in model.parameters())
+    if is_t2mlr(model):
+        cfg = model.config
+        label = f"T²MLR({cfg.l_start},{cfg.l_end})"
+        info = ModelInfo(label, True, cfg.num_layers, parameters, (cfg.l_start, cfg.l_end))
+    else:
+        layers = int(model.config.get_text_config().num_hidden_layers)
+        info = ModelInfo("Transformer", False, layers, parameters, None)
+    if name:
+        info = ModelInfo(f"{info.label} [{name}]", info.recurrent, info.num_layers, info.parameters, info.placement)
+    return info
+
+
+@contextlib.contextmanager
+def fixed_depth(model: nn.Module) -> Iterator[None]:
+    """Switch the Jacobi early stop off for the duration: a saved `jacobi_tol` would otherwise cut the
+    iterations short, and these analyses compare fixed depths. (A forward argument cannot do it: an
+    argument of None means "the config's value".)"""
+    if not is_t2mlr(model):
+        yield
+        return
+    saved = model.config.jacobi_tol
+    model.config.jacobi_tol = None
+    try:
+        yield
+    finally:
+        model.config.jacobi_tol = saved
+
+
+# ---------------------------------------------------------------------------------------------- data
+
+
+def saved_seq_len(model_dir: str | Path) -> int | None:
+    """The training row length recorded in a trainer-written model directory (its config.yaml), if any."""
+    path = Path(model_dir) / TRAINER_CONFIG
+    if not path.is_file():
+        return None
+    tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    value = (tree.get("data") or {}).get("seq_len")
+    return int(value) if value is not None else None
+
+
+def data_config_for(data: str | Path, model_dir: str | Path, seq_len: int | None = None,
+                    tokenizer: str | None = None, eos_token_id: int | None = None) -> DataConfig:
+    """A `DataConfig` for a data path: a shards directory (it holds manifest.json), a `.npy` token
+    stream (needs `eos_token_id`) or a jsonl file (text lines use `tokenizer`, by default the model
+    directory's own when it has one). `seq_len` defaults to the length the model was trained with."""
+    path = Path(data)
+    if seq_len is None:
+        seq_len = saved_seq_len(model_dir)
+        if seq_len is None:
+            raise ValueError(f"{model_dir} records no training seq_len (no {TRAINER_CONFIG}); pass --seq-len")
+    if seq_len < 2:
+        raise ValueError(f"seq_len must be >= 2, got {seq_len}")
+    if path.is_dir():
+        if not (path / "manifest.json").is_file():
+            raise ValueError(f"{path} is a directory without manifest.json: not a shards directory "
+                             "(write one with `t2mlr corpus tokenize`)")
+        return DataConfig(source="shards", path=str(path), seq_len=seq_len)
+    if path.suffix == ".npy":
+        if eos_token_id is None:
+            raise ValueError(f"{path} is a .npy token stream: pass --eos-token-id (the document separator)")
+        return DataConfig(source="tokens", path=str(path), seq_len=seq_len, eos_token_id=eos_token_id)
+    if path.suffix in (".jsonl", ".json"):
+        if tokenizer is None and any((Path(model_dir) / name).is_file() for name in TOKENIZER_FILES):
+            tokenizer = str(model_dir)  # text lines need one; lines of input_ids do not
+        return DataConfig(source="jsonl", path=str(path), seq_len=seq_len, tokenizer=tokenizer,
+                          eos_token_id=eos_token_id)
+    raise ValueError(f"data {str(path)!r}: expected a jsonl file, a .npy token stream or a shards directory")
+
+
+def read_rows(cfg: DataConfig, vocab_size: int, name: str = "--data") -> Any:
+    """The packed rows of a data config (the trainer's dataset, ids checked against the vocabulary)."""
+    return build_dataset(cfg, vocab_size=vocab_size, name=name)
+
+
+def collate_rows(dataset: Any, indices: Sequence[int], pad_token_id: int = 0) -> dict[str, torch.Tensor]:
+    """One batch of the given rows, stacked by the trainer's collator."""
+    return Collator(pad_token_id)([dataset[int(i)] for i in indices])
+
+
+def model_batches(dataset: Any, indices: Sequence[int], batch_size: int) -> list[dict[str, torch.Tensor]]:
+    """The given rows in batches of `batch_size` (the last one may be smaller)."""
+    if batch_size < 1:
+        raise ValueError(f"batch size must be >= 1, got {batch_size}")
+    indices = list(indices)
+    return [collate_rows(dataset, indices[i : i + batch_size]) for i in range(0, len(indices), batch_size)]
+
+
+def model_inputs(model: nn.Module, batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """Batch tensors on the device; plain models do not get the recurrence-only keys (as in training)."""
+    keep = batch if is_t2mlr(model) else {k: v for k, v in batch.items() if k not in RECURRENCE_ONLY_INPUTS}
+    return {k: v.to(device) for k, v in keep.items()}
+
+
+# ---------------------------------------------------------------------------------------------- losses
+
+
+def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy in the logits' own dtype (transformers' loss upcasts only to
+    float32, which would hide float64 agreement), -100 labels skipped."""
+    return nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=IGNORE_INDEX
+    )
+
+
+@torch.no_grad()
+def validation_loss(model: nn.Module, batches: Sequence[dict[str, torch.Tensor]], **path: Any) -> dict[str, float]:
+    """Mean token loss (nats) and perplexity over `batches`, every token weighted equally; `path` are the
+    forward-path arguments (recurrence, d_forward, ...), for T²MLR models only."""
+    if path and not is_t2mlr(model):
+        raise ValueError(f"forward-path arguments {sorted(path)} apply to T²MLR models only")
+    device = next(model.parameters()).device
+    total, targets = 0.0, 0
+    started = time.perf_counter()
+    with fixed_depth(model):
+        for batch in batches:
+            inputs = model_inputs(model, batch, device)
+            labels = inputs.pop("labels")
+            logits = model(**inputs, **path).logits
+            n = count_targets({"labels": labels})
+            total += float(causal_lm_loss(logits.float(), labels)) * n
+            targets += n
+    if targets == 0:
+        raise ValueError("the evaluation batches hold no scored token")
+    loss = total / targets
+    return {"loss": loss, "ppl": math.exp(loss) if loss < 50 else float("inf"), "tokens": targets,
+            "seconds": time.perf_counter() - started}
+
+
+# ---------------------------------------------------------------------------------------------- output
+
+
+def parse_int_list(text: str, what: str, minimum: int = 1) -> list[int]:
+    """"1,2" → [1, 2], each at least `minimum`; the error names the option."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError as err:
+        raise ValueError(f"{what}: expected comma-separated integers, got {text!r}") from err
+    if not values:
+        raise ValueError(f"{what}: expected at least one integer, got {text!r}")
+    bad = [v for v in values if v < minimum]
+    if bad:
+        raise ValueError(f"{what}: every value must be >= {minimum}, got {bad}")
+    return values
+
+
+def write_result(out_dir: str | Path, stem: str, markdown: Sequence[str], payload: dict[str, Any]) -> tuple[Path, Path]:
+    """OUT/stem.md (the lines given) and OUT/stem.json (the payload); returns both paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    md, js = out / f"{stem}{TABLE_SUFFIX}", out / f"{stem}{JSON_SUFFIX}"
+    md.write_text("\n".join(markdown).rstrip() + "\n", encoding="utf-8")
+    js.write_text(json.dumps(_json_safe(payload), indent=2) + "\n", encoding="utf-8")
+    return md, js
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
+    """A markdown table as lines."""
+    return markdown_table(headers, rows).splitlines()
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value

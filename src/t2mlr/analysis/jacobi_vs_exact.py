@@ -1,0 +1,184 @@
+"""Jacobi training against exact training under the same truncated-BPTT budget (the paper's appendix
+"Jacobi Approximation vs. Exact Recurrence in Training", table jacobi_vs_exact).
+
+From one T²MLR training config three arms are trained with the project trainer:
+
+* `jacobi`: `model.train_recurrence=jacobi model.d_forward=16 model.d_backward=4` (the paper's setting);
+* `exact`: `model.train_recurrence=exact model.bptt_window=4`: the exact token-by-token path whose
+  gradient reaches back through R as many tokens as the Jacobi arm's d_backward (docs/semantics.md
+  §5.1); the paper holds exactly this budget fixed;
+* `transformer`: the parameter-matched plain Transformer (see `t2mlr.analysis.arms`).
+
+Each T²MLR arm is then evaluated on the config's validation data on both paths: exact, and Jacobi at
+the evaluation depth (default: the Jacobi arm's d_forward), with the early stop off. The table has the
+paper's columns (loss and perplexity): Transformer | exact train, exact eval | exact train, Jacobi eval
+| Jacobi train, exact eval | Jacobi train, Jacobi eval. The paper's claims checked: the Jacobi-trained
+model is within 0.005 validation loss of the exact-trained one, and its Jacobi evaluation equals its
+exact evaluation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from t2mlr.analysis.arms import (
+    TrainedArm,
+    arm_from_tree,
+    config_tree,
+    load_trained,
+    train_arms,
+    transformer_arm,
+    validation_batches,
+)
+from t2mlr.analysis.common import describe_model, table, validation_loss, write_result
+from t2mlr.training.metrics import read_metrics
+
+__all__ = ["PAPER_TOLERANCE", "run_jacobi_vs_exact", "training_arms"]
+
+STEM, FIGURE = "jacobi_vs_exact", "jacobi_vs_exact.png"
+PAPER_TOLERANCE = 0.005  # the paper: Jacobi-trained models within this validation loss of exact-trained ones
+CELLS = (  # (key, column title)
+    ("transformer", "Transformer"),
+    ("exact/exact", "T²MLR: exact train, exact eval"),
+    ("exact/jacobi", "T²MLR: exact train, Jacobi eval"),
+    ("jacobi/exact", "T²MLR: Jacobi train, exact eval"),
+    ("jacobi/jacobi", "T²MLR: Jacobi train, Jacobi eval"),
+)
+
+
+@dataclass(frozen=True)
+class Depths:
+    d_forward: int
+    d_backward: int
+    eval_d_forward: int
+
+
+def training_arms(tree: dict[str, Any], d_forward: int, d_backward: int, with_transformer: bool = True) -> list:
+    """The Jacobi arm, the exact arm with the same backward budget, and (optionally) the Transformer."""
+    if not 1 <= d_backward <= d_forward:
+        raise ValueError(f"need 1 <= d_backward <= d_forward, got d_forward={d_forward}, d_backward={d_backward}")
+    arms = [
+        arm_from_tree(tree, "jacobi", f"T²MLR, Jacobi training ({d_forward}, {d_backward})",
+                      ["model.train_recurrence=jacobi", f"model.d_forward={d_forward}",
+                       f"model.d_backward={d_backward}", "model.bptt_window=null"]),
+        arm_from_tree(tree, "exact", f"T²MLR, exact training (bptt_window={d_backward})",
+                      ["model.train_recurrence=exact", f"model.bptt_window={d_backward}",
+                       "model.activation_checkpointing=false"]),
+    ]
+    if with_transformer:
+        arms.append(transformer_arm(tree))
+    return arms
+
+
+def evaluate_arms(trained: Sequence[TrainedArm], depths: Depths, max_batches: int | None) -> dict[str, dict[str, Any]]:
+    """Validation loss of every (training arm, evaluation path) cell of the table."""
+    batches = validation_batches(trained[0].arm.config, max_batches)
+    jacobi_call = {"recurrence": "jacobi", "d_forward": depths.eval_d_forward,
+                   "d_backward": min(depths.d_backward, depths.eval_d_forward)}
+    plan = []
+    for arm in trained:
+        if arm.arm.name == "transformer":
+            plan.append(("transformer", arm, {}))
+        else:
+            plan.append((f"{arm.arm.name}/exact", arm, {"recurrence": "exact"}))
+            plan.append((f"{arm.arm.name}/jacobi", arm, jacobi_call))
+    cells: dict[str, dict[str, Any]] = {}
+    loaded: dict[str, Any] = {}
+    for key, arm, call in tqdm(plan, desc="evaluate", unit="cell", dynamic_ncols=True):
+        if arm.arm.name not in loaded:
+            loaded.clear()
+            loaded[arm.arm.name] = load_trained(arm)
+        model = loaded[arm.arm.name]
+        cells[key] = {**validation_loss(model, batches, **call), "path": call.get("recurrence", "plain"),
+                      "parameters": describe_model(model).parameters}
+    return cells
+
+
+def _eval_curves(trained: Sequence[TrainedArm]) -> dict[str, list[tuple[int, float]]]:
+    """Each arm's periodic validation loss from its metrics.jsonl (the trainer's eval path)."""
+    curves = {}
+    for arm in trained:
+        points = [(int(r["step"]), float(r["eval_loss"])) for r in read_metrics(arm.run_dir)
+                  if r.get("split") == "eval" and isinstance(r.get("eval_loss"), (int, float))]
+        curves[arm.arm.label] = points
+    return curves
+
+
+def claims(cells: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The paper's two claims as numbers: the training gap (Jacobi-trained minus exact-trained, both
+    evaluated exactly) and the evaluation gap (the Jacobi-trained model, Jacobi minus exact eval)."""
+    train_gap = cells["jacobi/exact"]["loss"] - cells["exact/exact"]["loss"]
+    eval_gap = cells["jacobi/jacobi"]["loss"] - cells["jacobi/exact"]["loss"]
+    return {"train_gap": train_gap, "train_gap_within_tolerance": abs(train_gap) <= PAPER_TOLERANCE,
+            "eval_gap": eval_gap, "tolerance": PAPER_TOLERANCE}
+
+
+def _cell(cells: dict[str, dict[str, Any]], key: str) -> str:
+    if key not in cells:
+        return "–"
+    return f"{cells[key]['loss']:.4f} ({cells[key]['ppl']:.2f})"
+
+
+def _markdown(config: str, depths: Depths, trained: Sequence[TrainedArm], cells: dict[str, dict[str, Any]],
+              checks: dict[str, Any], figure: str) -> list[str]:
+    present = [(key, title) for key, title in CELLS if key in cells]
+    cfg = trained[0].arm.config
+    tokens = cells[present[0][0]]["tokens"]
+    arms = [(a.arm.label, f"{a.arm.config.train.max_steps:,}", f"{a.seconds / 60:.1f} min",
+             f"`{a.run_dir}`") for a in trained]
+    verdict = "within" if checks["train_gap_within_tolerance"] else "outside"
+    return [
+        "# Jacobi vs exact training (same truncated-BPTT budget)",
+        "",
+        f"Config `{config}`; T²MLR({cfg.model.l_start},{cfg.model.l_end}); Jacobi arm trained at (d_forward, "
+        f"d_backward) = ({depths.d_forward}, {depths.d_backward}); exact arm trained with bptt_window = "
+        f"{depths.d_backward}; Jacobi evaluation at d_forward = {depths.eval_d_forward} (no early stop). "
+        f"Validation loss in nats per token over {tokens:,} tokens of eval.data (perplexity in parentheses).",
+        "",
+        *table([title for _, title in present], [[_cell(cells, key) for key, _ in present]]),
+        "",
+        f"- Jacobi-trained minus exact-trained (both evaluated exactly): {checks['train_gap']:+.4f} ({verdict} the "
+        f"paper's ±{PAPER_TOLERANCE})",
+        f"- Jacobi-trained model, Jacobi minus exact evaluation: {checks['eval_gap']:+.6f}",
+        "",
+        *table(["arm", "steps", "training time", "run directory"], arms),
+        "",
+        f"![Jacobi vs exact]({figure})",
+    ]
+
+
+def run_jacobi_vs_exact(
+    config: str | Path, out: str | Path, overrides: Sequence[str] = (), d_forward: int = 16, d_backward: int = 4,
+    eval_d_forward: int | None = None, eval_batches: int | None = None, resume: bool = False,
+    with_transformer: bool = True,
+) -> dict[str, Any]:
+    """Train the arms (in turn), evaluate each on both paths, write jacobi_vs_exact.md/.json/.png to OUT."""
+    from t2mlr.analysis.plots import plot_jacobi_vs_exact
+
+    depths = Depths(d_forward, d_backward, d_forward if eval_d_forward is None else eval_d_forward)
+    if depths.eval_d_forward < 1:
+        raise ValueError(f"--eval-d-forward must be >= 1, got {depths.eval_d_forward}")
+    tree = config_tree(config, overrides)
+    arms = training_arms(tree, d_forward, d_backward, with_transformer)
+    out = Path(out)
+    trained = train_arms(arms, out, resume=resume)
+    cells = evaluate_arms(trained, depths, eval_batches)
+    checks = claims(cells)
+    titles = dict(CELLS)
+    figure = plot_jacobi_vs_exact({titles[k]: v["loss"] for k, v in cells.items()}, _eval_curves(trained),
+                                  out / FIGURE)
+    payload = {
+        "config": str(config), "overrides": list(overrides),
+        "depths": {"d_forward": depths.d_forward, "d_backward": depths.d_backward,
+                   "eval_d_forward": depths.eval_d_forward},
+        "cells": cells, "claims": checks,
+        "arms": [{"name": a.arm.name, "label": a.arm.label, "run_dir": str(a.run_dir), "steps": a.arm.config.train.max_steps,
+                  "train_seconds": a.seconds} for a in trained],
+    }
+    md, js = write_result(out, STEM, _markdown(str(config), depths, trained, cells, checks, figure.name), payload)
+    return {"markdown": md, "json": js, "figure": figure, **payload}

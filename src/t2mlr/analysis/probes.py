@@ -1,0 +1,314 @@
+"""Future-token probes: how well each block's hidden state at token t predicts a later token x_{t+k}
+(the paper's appendix "Future Token Prediction", table future-token-prediction: lower probe loss for
+T²MLR than for the matched Transformer at every probed block).
+
+For each model and each block, a probe is trained on the frozen hidden states of a train split of the
+rows and scored (mean cross-entropy, nats) on a held-out split. Hidden states come from the model's own
+forward with `output_hidden_states=True` (T²MLR on the exact path by default): block b's output for
+b < L, and for the last block the final norm's output (transformers' convention; it is what the LM
+head reads). Every feature dimension is standardised with the train split's mean and spread, so blocks
+whose residual stream has grown to different scales are probed on equal terms.
+
+Offsets: `offset=1` probes the next token x_{t+1}, as the paper's text describes it; `offset=2` probes
+the token after it, as the authors' released probing code does. Both are reported by default because
+they answer different questions: at offset 1 the last blocks are trained to predict exactly that
+token, so a probe there mostly re-reads the model's own prediction; offset 2 asks whether the state
+already carries information about a token the model was never trained to predict at t, which is the
+"anticipation" the recurrence is meant to encourage (the gradient of the loss at t+1 reaches token t's
+state through R). The paper's probe losses (about 5.1 nats, against about 3.9 for its models'
+next-token validation loss) fit the further offset better than the next token.
+
+Targets never cross a document boundary: position t is probed at offset k only when t+k lies in the
+same document of the same row.
+
+The paper's text says a two-layer MLP; the default here is a linear layer (`kind="linear"`), the
+standard probe that measures what is linearly readable; `kind="mlp"` gives the two-layer version.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from t2mlr.analysis.common import (
+    ModelInfo,
+    data_config_for,
+    describe_model,
+    fixed_depth,
+    load_analysis_model,
+    model_batches,
+    model_inputs,
+    read_rows,
+    table,
+    write_result,
+)
+from t2mlr.model import is_t2mlr
+
+__all__ = [
+    "ProbeResult",
+    "ProbeSettings",
+    "block_hidden_states",
+    "check_offsets",
+    "probe_targets",
+    "run_probes",
+    "train_probe",
+]
+
+STEM, FIGURE = "probes", "probes.png"
+PROBE_KINDS = ("linear", "mlp")
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    """How every probe is trained (the same for all models, blocks and offsets)."""
+
+    kind: str = "linear"
+    steps: int = 400
+    batch_size: int = 512
+    lr: float = 3e-3
+    weight_decay: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in PROBE_KINDS:
+            raise ValueError(f"probe kind must be one of {PROBE_KINDS}, got {self.kind!r}")
+        if self.steps < 1 or self.batch_size < 1 or not self.lr > 0:
+            raise ValueError(f"probe steps and batch size must be >= 1 and lr > 0; got {self.steps}, "
+                             f"{self.batch_size}, {self.lr}")
+
+
+@dataclass
+class ProbeResult:
+    """One probe's held-out loss (nats per token) and top-1 accuracy, and its final training loss."""
+
+    loss: float
+    accuracy: float
+    train_loss: float
+    train_tokens: int
+    eval_tokens: int
+
+
+def check_offsets(offsets: Sequence[int]) -> list[int]:
+    """Offsets as a list of distinct ints >= 1 (1 = the next token)."""
+    if not offsets:
+        raise ValueError("give at least one probe offset (1 = the next token)")
+    for offset in offsets:
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 1:
+            raise ValueError(f"probe offsets must be ints >= 1 (1 = the next token, 2 = the one after), got {offset!r}")
+    return list(dict.fromkeys(offsets))
+
+
+def probe_targets(input_ids: torch.Tensor, position_ids: torch.Tensor | None, offset: int,
+                  attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(valid, targets), both (batch, seq): token t is probed with target input_ids[t + offset] when that
+    token exists, is real (not padding) and lies in t's document (positions t..t+offset consecutive)."""
+    check_offsets([offset])
+    batch, length = input_ids.shape
+    valid = torch.zeros(batch, length, dtype=torch.bool)
+    targets = torch.zeros(batch, length, dtype=torch.long)
+    if offset >= length:
+        return valid, targets
+    positions = torch.arange(length).expand(batch, length) if position_ids is None else position_ids.cpu()
+    same_document = positions[:, offset:] == positions[:, :-offset] + offset
+    if attention_mask is not None:
+        real = attention_mask.cpu().bool()
+        same_document &= real[:, offset:] & real[:, :-offset]
+    valid[:, :-offset] = same_document
+    targets[:, :-offset] = input_ids[:, offset:].cpu()
+    return valid, targets
+
+
+@torch.no_grad()
+def block_hidden_states(model: nn.Module, batch: dict[str, torch.Tensor], **path: Any) -> torch.Tensor:
+    """Every block's output for one batch, (blocks, batch, seq, hidden) in float32 on the CPU (the last
+    block's after the final norm, as transformers returns it)."""
+    device = next(model.parameters()).device
+    inputs = model_inputs(model, batch, device)
+    inputs.pop("labels", None)
+    with fixed_depth(model):
+        out = model(**inputs, output_hidden_states=True, **path)
+    states = out.hidden_states[1:]  # drop the embeddings: blocks 1..L
+    return torch.stack([s.float().cpu() for s in states])
+
+
+def collect_features(model: nn.Module, batches: Sequence[dict[str, torch.Tensor]], offsets: Sequence[int],
+                     desc: str, **path: Any) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """Per offset: (features (blocks, tokens, hidden), targets (tokens,)) of every probed token."""
+    per_offset: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = {k: ([], []) for k in offsets}
+    for batch in tqdm(batches, desc=desc, unit="batch", dynamic_ncols=True, leave=False):
+        states = block_hidden_states(model, batch, **path)
+        for offset in offsets:
+            valid, targets = probe_targets(batch["input_ids"], batch.get("position_ids"), offset,
+                                           batch.get("attention_mask"))
+            per_offset[offset][0].append(states[:, valid])
+            per_offset[offset][1].append(targets[valid])
+    return {k: (torch.cat(feats, dim=1), torch.cat(targs)) for k, (feats, targs) in per_offset.items()}
+
+
+def _probe_module(kind: str, hidden: int, vocab: int) -> nn.Module:
+    if kind == "linear":
+        return nn.Linear(hidden, vocab)
+    return nn.Sequential(nn.Linear(hidden, 2 * hidden), nn.GELU(), nn.Linear(2 * hidden, vocab))
+
+
+def train_probe(train_x: torch.Tensor, train_y: torch.Tensor, eval_x: torch.Tensor, eval_y: torch.Tensor,
+                vocab_size: int, settings: ProbeSettings = ProbeSettings()) -> ProbeResult:
+    """Fit a probe on (train_x, train_y) with AdamW on random minibatches (cosine-decayed lr), features
+    standardised with the train split's statistics; score it on (eval_x, eval_y)."""
+    if train_x.ndim != 2 or eval_x.ndim != 2 or train_x.shape[1] != eval_x.shape[1]:
+        raise ValueError(f"features must be (tokens, hidden) with one width; got {tuple(train_x.shape)} and "
+                         f"{tuple(eval_x.shape)}")
+    if len(train_y) == 0 or len(eval_y) == 0:
+        raise ValueError("a probe needs at least one train and one held-out token (rows too short for the offset?)")
+    if int(max(train_y.max(), eval_y.max())) >= vocab_size:
+        raise ValueError(f"probe targets reach id {int(max(train_y.max(), eval_y.max()))}, outside the vocabulary "
+                         f"of {vocab_size}")
+    mean = train_x.mean(dim=0)
+    spread = train_x.std(dim=0).clamp_min(1e-6)
+    train_x, eval_x = (train_x - mean) / spread, (eval_x - mean) / spread
+    generator = torch.Generator().manual_seed(settings.seed)
+    torch.manual_seed(settings.seed)
+    probe = _probe_module(settings.kind, train_x.shape[1], vocab_size)
+    optimizer = torch.optim.AdamW(probe.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(step, settings.steps) / settings.steps)))
+    recent: list[float] = []
+    for _ in range(settings.steps):
+        pick = torch.randint(0, len(train_y), (min(settings.batch_size, len(train_y)),), generator=generator)
+        loss = nn.functional.cross_entropy(probe(train_x[pick]), train_y[pick])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        recent = (recent + [float(loss.detach())])[-20:]
+    total, correct = 0.0, 0
+    with torch.no_grad():
+        for lo in range(0, len(eval_y), 4096):
+            logits = probe(eval_x[lo : lo + 4096])
+            target = eval_y[lo : lo + 4096]
+            total += float(nn.functional.cross_entropy(logits, target, reduction="sum"))
+            correct += int((logits.argmax(-1) == target).sum())
+    return ProbeResult(total / len(eval_y), correct / len(eval_y), sum(recent) / len(recent), len(train_y), len(eval_y))
+
+
+def _split_rows(count: int, rows: int | None, heldout_fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """Random rows (by `seed`), cut into a train split and a held-out split (whole rows on either side)."""
+    if not 0 < heldout_fraction < 1:
+        raise ValueError(f"--heldout-fraction must lie in (0, 1), got {heldout_fraction}")
+    take = count if rows is None else rows
+    if not 2 <= take <= count:
+        raise ValueError(f"--rows must lie in [2, {count}] (rows in the data), got {take}")
+    picked = np.random.default_rng(seed).permutation(count)[:take].tolist()
+    held = max(1, round(take * heldout_fraction))
+    return sorted(picked[held:]), sorted(picked[:held])
+
+
+def probe_model(model: nn.Module, info: ModelInfo, train_batches: Sequence[dict[str, torch.Tensor]],
+                eval_batches: Sequence[dict[str, torch.Tensor]], offsets: Sequence[int], settings: ProbeSettings,
+                path: dict[str, Any]) -> dict[int, list[ProbeResult]]:
+    """Per offset, one probe result per block (1..L)."""
+    call = path if info.recurrent else {}
+    train = collect_features(model, train_batches, offsets, f"{info.label}: hidden states (train)", **call)
+    held = collect_features(model, eval_batches, offsets, f"{info.label}: hidden states (held-out)", **call)
+    vocab = int(model.config.get_text_config().vocab_size) if not is_t2mlr(model) else model.config.vocab_size
+    results: dict[int, list[ProbeResult]] = {}
+    bar = tqdm(total=len(offsets) * info.num_layers, desc=f"{info.label}: probes", unit="probe", dynamic_ncols=True)
+    try:
+        for offset in offsets:
+            (train_x, train_y), (eval_x, eval_y) = train[offset], held[offset]
+            results[offset] = []
+            for block in range(info.num_layers):
+                bar.set_postfix(offset=offset, block=block + 1)
+                results[offset].append(train_probe(train_x[block], train_y, eval_x[block], eval_y, vocab, settings))
+                bar.update(1)
+    finally:
+        bar.close()
+    return results
+
+
+def _markdown(models: Sequence[tuple[str, ModelInfo]], results: Sequence[dict[int, list[ProbeResult]]],
+              offsets: Sequence[int], settings: ProbeSettings, data: str, split: tuple[int, int], seq_len: int,
+              path: dict[str, Any], figure: str) -> list[str]:
+    layers = max(info.num_layers for _, info in models)
+    headers = ["model", "offset", *[f"block {b}" for b in range(1, layers + 1)], "best"]
+    rows = []
+    for (_, info), per_offset in zip(models, results):
+        for offset in offsets:
+            losses = [r.loss for r in per_offset[offset]]
+            cells = [f"{loss:.3f}" for loss in losses] + ["–"] * (layers - len(losses))
+            rows.append([info.label, f"+{offset}", *cells, f"{min(losses):.3f}"])
+    recurrent = [info for _, info in models if info.placement is not None]
+    marks = "; ".join(f"{info.label} recurs over blocks {info.placement[0]}–{info.placement[1]}" for info in recurrent)
+    tokens = {offset: results[0][offset][0].eval_tokens for offset in offsets}
+    lines = [
+        "# Future-token probes",
+        "",
+        f"{settings.kind.capitalize()} probes on frozen hidden states (standardised), one per block, model and offset; "
+        f"held-out cross-entropy in nats per token (lower: the state carries more about x_(t+offset)). Data "
+        f"`{data}`: {split[0]} rows of {seq_len} tokens to train the probes, {split[1]} held-out rows to score them "
+        f"({', '.join(f'{n:,} tokens at +{k}' for k, n in tokens.items())}). Probes: {settings.steps} AdamW steps of "
+        f"{settings.batch_size} tokens, lr {settings.lr:g}. T²MLR path: {path.get('recurrence', 'exact')}. "
+        f"Block L is the final norm's output. {marks}.",
+        "",
+        *table(headers, rows),
+        "",
+        "Models: " + "; ".join(f"{info.label} = `{name}` ({info.parameters:,} parameters)" for name, info in models),
+        "",
+        f"![probe loss per block]({figure})",
+    ]
+    return lines
+
+
+def run_probes(
+    model_dir: str | Path, data: str | Path, out: str | Path, baseline_dir: str | Path | None = None,
+    offsets: Sequence[int] = (1, 2), rows: int | None = 64, heldout_fraction: float = 0.25, batch_size: int = 8,
+    seq_len: int | None = None, settings: ProbeSettings = ProbeSettings(), recurrence: str = "exact",
+    d_forward: int | None = None, device: str = "auto", seed: int = 0, tokenizer: str | None = None,
+    eos_token_id: int | None = None,
+) -> dict[str, Any]:
+    """Probe every block of the model (and of the baseline) at every offset; write probes.md/.json/.png."""
+    from t2mlr.analysis.plots import plot_probes
+
+    offsets = check_offsets(offsets)
+    if recurrence not in ("exact", "jacobi"):
+        raise ValueError(f"--recurrence must be exact or jacobi, got {recurrence!r}")
+    path: dict[str, Any] = {"recurrence": recurrence}
+    if recurrence == "jacobi" and d_forward is not None:
+        path.update(d_forward=d_forward, d_backward=1)
+    dirs = [Path(model_dir)] + ([Path(baseline_dir)] if baseline_dir is not None else [])
+    loaded = [(str(d), load_analysis_model(d, device)) for d in dirs]
+    infos = [(name, describe_model(model)) for name, model in loaded]
+    vocab_sizes = {int(model.config.get_text_config().vocab_size) for _, model in loaded}
+    if len(vocab_sizes) > 1:
+        raise ValueError(f"the models have different vocabularies {sorted(vocab_sizes)}: probes compare models on "
+                         "the same tokens")
+    dataset = read_rows(data_config_for(data, dirs[0], seq_len, tokenizer, eos_token_id), vocab_sizes.pop())
+    train_rows, held_rows = _split_rows(len(dataset), rows, heldout_fraction, seed)
+    train_batches = model_batches(dataset, train_rows, batch_size)
+    eval_batches = model_batches(dataset, held_rows, batch_size)
+    results = [probe_model(model, info, train_batches, eval_batches, offsets, settings, path)
+               for (_, model), (_, info) in zip(loaded, infos)]
+    out = Path(out)
+    curves = {(info.label, offset): [r.loss for r in per_offset[offset]]
+              for (_, info), per_offset in zip(infos, results) for offset in offsets}
+    recurrent = [info.placement for _, info in infos if info.placement is not None]
+    figure = plot_probes(curves, out / FIGURE, recurrent[0] if recurrent else None)
+    length = int(train_batches[0]["input_ids"].shape[1])
+    payload = {
+        "data": str(data), "seq_len": length, "train_rows": train_rows, "heldout_rows": held_rows,
+        "offsets": offsets, "settings": asdict(settings), "path": path,
+        "models": [{"model_dir": name, **asdict(info),
+                    "probes": {str(k): [asdict(r) for r in per_offset[k]] for k in offsets}}
+                   for (name, info), per_offset in zip(infos, results)],
+    }
+    md, js = write_result(out, STEM, _markdown(infos, results, offsets, settings, str(data),
+                                               (len(train_rows), len(held_rows)), length, path, figure.name), payload)
+    return {"markdown": md, "json": js, "figure": figure, **payload}
