@@ -14,7 +14,13 @@ import torch
 from analysis_helpers import save_tiny_t2mlr, save_tiny_transformer, write_ids_jsonl
 from conftest import random_ids, tiny_model
 
-from t2mlr.analysis.gradient_fidelity import compare_gradients, fidelity_rows, gradient_of, parse_depth, parse_depths
+from t2mlr.analysis.gradient_fidelity import (
+    compare_gradients,
+    fidelity_rows,
+    gradient_of,
+    parse_depth,
+    parse_depths,
+)
 from t2mlr.cli import main
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -11,7 +11,13 @@ import torch
 from analysis_helpers import save_tiny_t2mlr, save_tiny_transformer, write_ids_jsonl
 from conftest import tiny_model
 
-from t2mlr.analysis.probes import ProbeSettings, block_hidden_states, check_offsets, probe_targets, train_probe
+from t2mlr.analysis.probes import (
+    ProbeSettings,
+    block_hidden_states,
+    check_offsets,
+    probe_targets,
+    train_probe,
+)
 from t2mlr.cli import main
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -29,7 +29,11 @@ from tqdm.auto import tqdm
 from transformers import PretrainedConfig
 
 from t2mlr.analysis.common import load_analysis_model
-from t2mlr.baselines.matching import matched_baseline_config, matched_transformer_config, t2mlr_parameter_count
+from t2mlr.baselines.matching import (
+    matched_baseline_config,
+    matched_transformer_config,
+    t2mlr_parameter_count,
+)
 from t2mlr.model import T2MLRConfig
 from t2mlr.model.configuration import build_base_config
 from t2mlr.training.config import (

@@ -81,7 +81,11 @@ def _guarded(run: Callable[[argparse.Namespace], dict[str, Any]]) -> Callable[[a
 
 
 def _gradient_fidelity(args: argparse.Namespace) -> dict[str, Any]:
-    from t2mlr.analysis.gradient_fidelity import parse_depth, parse_depths, run_gradient_fidelity
+    from t2mlr.analysis.gradient_fidelity import (
+        parse_depth,
+        parse_depths,
+        run_gradient_fidelity,
+    )
 
     return run_gradient_fidelity(
         args.checkpoint, args.data, args.out, depths=parse_depths(args.depths), anchor=parse_depth(args.anchor, "--anchor"),

@@ -31,7 +31,13 @@ from t2mlr.analysis.arms import (
     transformer_arm,
     validation_batches,
 )
-from t2mlr.analysis.common import describe_model, load_analysis_model, table, validation_loss, write_result
+from t2mlr.analysis.common import (
+    describe_model,
+    load_analysis_model,
+    table,
+    validation_loss,
+    write_result,
+)
 from t2mlr.training.config import config_from_tree
 from t2mlr.training.model_factory import base_config
 from t2mlr.utils import resolve_device

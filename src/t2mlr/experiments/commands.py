@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -87,11 +88,18 @@ def _add_s5(sub: Any) -> None:
     p.set_defaults(func=run_s5)
 
 
+# Modules of the other experiments: each defines `add_experiment(sub)`, which adds its subcommand and keeps
+# its heavy imports inside the command's function (so `t2mlr experiment --help` stays light).
+EXPERIMENT_MODULES: tuple[str, ...] = ()
+
+
 def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add the `experiment` group to a main CLI's subparsers; every leaf sets `func`."""
     parser = subparsers.add_parser("experiment", help="run a paper experiment end to end")
     sub = parser.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
     _add_s5(sub)
+    for module in EXPERIMENT_MODULES:
+        importlib.import_module(module).add_experiment(sub)
     return parser
 
 
