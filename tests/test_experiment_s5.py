@@ -215,3 +215,35 @@ def test_tiny_experiment_end_to_end(tmp_path) -> None:
         run_experiment(get_preset("tiny"), out, device="cpu")
     again = run_experiment(get_preset("tiny"), out, device="cpu", resume=True, models=("lstm",))  # re-evaluates
     assert again[0].per_n == results[2].per_n
+
+
+def test_any_arm_of_the_comparison_joins_the_experiment(tmp_path) -> None:
+    """Looped and pause-token baselines and another T²MLR placement train beside the preset's T²MLR, each a
+    run of its own, the baselines at T²MLR's parameter count (never below it)."""
+    out = tmp_path / "s5"
+    models = ("t2mlr", "t2mlr:2-2", "looped:full:2", "pause:2")
+    preset = get_preset("tiny").with_steps(t2mlr=2, transformer=2, lstm=2)
+    results = run_experiment(preset, out, device="cpu", models=models, workers=1)
+    assert [r.label for r in results] == ["T²MLR", "T²MLR(2,2)", "looped full ×2", "pause ×2"]
+    arches = {name: yaml.safe_load((out / name.replace(":", "_") / "config.yaml").read_text())["model"]
+              for name in models}
+    assert arches["t2mlr:2-2"]["arch"] == "t2mlr" and (arches["t2mlr:2-2"]["l_start"], arches["t2mlr:2-2"]["l_end"]) == (2, 2)
+    assert (arches["looped:full:2"]["arch"], arches["looped:full:2"]["loops"]) == ("looped", 2)
+    assert (arches["pause:2"]["arch"], arches["pause:2"]["pauses"]) == ("pause", 1)
+    t2mlr_params = results[0].parameters
+    assert results[1].parameters == t2mlr_params
+    assert all(r.parameters >= t2mlr_params for r in results[2:])
+    assert all(set(r.per_n) == {1, 2, 3, 4} for r in results)
+    assert "looped full ×2" in (out / RESULTS_MD).read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("models, message", [
+    (("t2mlr", "looped:9-22"), "unknown model 'looped:9-22'"),
+    (("gru",), "unknown model 'gru'"),
+    ((), "at least one model"),
+    (("lstm", "lstm"), "named twice"),
+])
+def test_bad_model_names_fail_before_anything_is_written(tmp_path, models, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        run_experiment(get_preset("tiny"), tmp_path / "s5", device="cpu", models=models)
+    assert not (tmp_path / "s5").exists()

@@ -67,8 +67,10 @@ def _add_s5(sub: Any) -> None:
     p.add_argument("--preset", choices=("cpu", "paper", "tiny"), default="cpu", help="settings (default: cpu)")
     p.add_argument("--out", type=Path, default=Path("runs/s5"), help="output directory (default: runs/s5)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="training device (default: auto)")
-    p.add_argument("--models", nargs="+", choices=("t2mlr", "transformer", "lstm"),
-                   default=["t2mlr", "transformer", "lstm"], help="models to train (default: all three)")
+    p.add_argument("--models", nargs="+", default=["t2mlr", "transformer", "lstm"], metavar="MODEL",
+                   help="models to train (default: t2mlr transformer lstm, the preset's three); any arm of "
+                        "`t2mlr params` joins them at T²MLR's parameter count: t2mlr:S-E (another placement), "
+                        "looped:full:K, looped:S-E:K, pause:P (the baselines train the Transformer's steps)")
     p.add_argument("--steps", type=int, default=None, help="override every model's training steps")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads in all, split between the workers (default: torch's choice)")

@@ -32,11 +32,21 @@ from tqdm.auto import tqdm
 from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 from t2mlr.analysis.s5_plots import plot_accuracy_vs_length
-from t2mlr.baselines.matching import MatchedSet, count_parameters, matched_models
+from t2mlr.baselines.matching import (
+    MODEL_SPEC_FORMS,
+    MatchedSet,
+    ModelSpec,
+    count_parameters,
+    matched_looped_config,
+    matched_models,
+    matched_pause_config,
+    parse_model_spec,
+)
 from t2mlr.experiments.concurrent_runs import RunJob, resolve_workers, train_runs
 from t2mlr.experiments.s5_data import S5DataSpec
 from t2mlr.experiments.s5_eval import NMetrics, evaluate_by_n, summarize
 from t2mlr.experiments.s5_presets import MODEL_NAMES, S5Preset, t2mlr_config
+from t2mlr.model import T2MLRConfig
 from t2mlr.tasks.jsonl import read_jsonl, write_jsonl
 from t2mlr.tasks.tokenizers import build_s5_tokenizer
 from t2mlr.training.config import TrainConfig, config_from_tree
@@ -104,7 +114,52 @@ def _generate_eval(spec: S5DataSpec, preset: S5Preset) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------------------------------------- models
 
 
-def model_sections(preset: S5Preset, tokenizer: PreTrainedTokenizerBase) -> tuple[dict[str, dict[str, Any]], MatchedSet]:
+def arm_spec(name: str) -> ModelSpec | None:
+    """The comparison arm a model name beyond the default three spells (None for t2mlr, transformer, lstm).
+
+    The default three keep the preset's own settings; any other arm of `t2mlr params`'s grammar joins them:
+    another T²MLR placement ("t2mlr:2-3") or a looped / pause-token baseline ("looped:full:2", "pause:2"),
+    the baselines at the width matched to the preset's T²MLR.
+    """
+    if name in MODEL_NAMES:
+        return None
+    try:
+        return parse_model_spec(name)
+    except ValueError as err:
+        raise ValueError(f"unknown model {name!r}: use t2mlr, transformer, lstm or one of {MODEL_SPEC_FORMS}") from err
+
+
+def check_models(models: tuple[str, ...]) -> None:
+    if not models:
+        raise ValueError(f"name at least one model: t2mlr, transformer, lstm or one of {MODEL_SPEC_FORMS}")
+    for name in models:
+        arm_spec(name)
+    if len(set(models)) != len(models):
+        raise ValueError(f"a model is named twice in {models}")
+
+
+def label_of(name: str) -> str:
+    spec = arm_spec(name)
+    return LABELS[name] if spec is None else spec.label
+
+
+def run_dir_name(name: str) -> str:
+    """The model's run directory under --out ("looped:full:2" → "looped_full_2")."""
+    return name.replace(":", "_")
+
+
+def steps_of(preset: S5Preset, name: str) -> int:
+    """Training steps: the preset's own for the default three; T²MLR's for other placements, the matched
+    Transformer's for the looped and pause baselines (the paper gives all baselines the same budget)."""
+    spec = arm_spec(name)
+    if spec is None:
+        return preset.steps[name]
+    return preset.steps["t2mlr" if spec.kind == "t2mlr" else "transformer"]
+
+
+def model_sections(
+    preset: S5Preset, tokenizer: PreTrainedTokenizerBase, models: tuple[str, ...] = MODEL_NAMES
+) -> tuple[dict[str, dict[str, Any]], MatchedSet]:
     """The trainer's `model:` section for each model, and the parameter matching behind them.
 
     The baselines are plain causal LMs, built by type name (`arch: transformer` in the trainer's config
@@ -112,21 +167,40 @@ def model_sections(preset: S5Preset, tokenizer: PreTrainedTokenizerBase) -> tupl
     """
     config = t2mlr_config(preset, len(tokenizer), tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id)
     matched = matched_models(config, lstm_layers=preset.lstm_layers)
+    t2mlr_section = {
+        "arch": "t2mlr",
+        "base": _plain(config.base_config),
+        "l_start": preset.l_start,
+        "l_end": preset.l_end,
+        "d_forward": preset.d_forward,
+        "d_backward": preset.d_backward,
+        "train_recurrence": preset.train_recurrence,
+        "eval_recurrence": "exact",
+    }
     sections = {
-        "t2mlr": {
-            "arch": "t2mlr",
-            "base": _plain(config.base_config),
-            "l_start": preset.l_start,
-            "l_end": preset.l_end,
-            "d_forward": preset.d_forward,
-            "d_backward": preset.d_backward,
-            "train_recurrence": preset.train_recurrence,
-            "eval_recurrence": "exact",
-        },
+        "t2mlr": t2mlr_section,
         "transformer": {"arch": "transformer", "base": _plain(matched.transformer)},
         "lstm": {"arch": "transformer", "base": _plain(matched.lstm)},
     }
+    for name in models:
+        spec = arm_spec(name)
+        if spec is not None:
+            sections[name] = _arm_section(spec, config, t2mlr_section)
     return sections, matched
+
+
+def _arm_section(spec: ModelSpec, config: T2MLRConfig, t2mlr_section: dict[str, Any]) -> dict[str, Any]:
+    if spec.kind == "t2mlr":
+        T2MLRConfig.from_base(config.base_config, l_start=spec.start, l_end=spec.end)  # a bad placement fails here
+        return {**t2mlr_section, "l_start": spec.start, "l_end": spec.end}
+    if spec.kind == "looped":
+        looped = matched_looped_config(config, loop_blocks=spec.loop_blocks, loops=spec.loops)
+        return {"arch": "looped", "base": _plain(looped.base_config), "loop_blocks": spec.loop_blocks,
+                "loops": spec.loops}
+    if spec.kind == "pause":
+        pause = matched_pause_config(config, pauses=spec.period - 1)
+        return {"arch": "pause", "base": _plain(pause.base_config), "pauses": spec.period - 1}
+    raise ValueError(f"the matched Transformer is the model named 'transformer', not {spec.name!r}")
 
 
 def _plain(config: PretrainedConfig) -> dict[str, Any]:
@@ -151,7 +225,7 @@ def train_config(preset: S5Preset, name: str, model: dict[str, Any], tokenizer_d
         "optim": {"lr": preset.lr, "betas": list(preset.betas), "weight_decay": preset.weight_decay, "grad_clip": 1.0},
         "schedule": {"kind": "cosine", "warmup_steps": preset.warmup_steps, "min_lr_ratio": preset.min_lr_ratio},
         "train": {
-            "max_steps": preset.steps[name], "global_batch_size": preset.batch_size,
+            "max_steps": steps_of(preset, name), "global_batch_size": preset.batch_size,
             "micro_batch_size": preset.micro_batch_size or preset.batch_size, "seed": preset.seed, "device": device,
         },
         "checkpoint": {"every": preset.checkpoint_every, "keep_last": 1, "save_final": True},
@@ -299,10 +373,10 @@ def write_results_json(path: Path, preset: S5Preset, results: list[ModelResult],
 
 def _prepare_out(out: Path, models: tuple[str, ...], overwrite: bool, resume: bool) -> None:
     """Refuse to mix runs: existing model run directories need --resume (continue) or --overwrite."""
-    existing = [name for name in models if (out / name).exists()]
+    existing = [name for name in models if (out / run_dir_name(name)).exists()]
     if existing and overwrite:
         for name in existing:
-            shutil.rmtree(out / name)
+            shutil.rmtree(out / run_dir_name(name))
         shutil.rmtree(out / "data", ignore_errors=True)
     elif existing and not resume:
         raise FileExistsError(
@@ -338,21 +412,19 @@ def run_experiment(
     `workers`: trainings run side by side in that many processes (`t2mlr.experiments.concurrent_runs`);
     None picks one per model up to torch's CPU threads on CPU, and one on a GPU.
     """
-    unknown = set(models) - set(MODEL_NAMES)
-    if unknown or not models:
-        raise ValueError(f"models must be a non-empty subset of {MODEL_NAMES}, got {models}")
+    check_models(models)
     started = time.perf_counter()
     out = Path(out)
     _prepare_out(out, models, overwrite, resume)
     _check_same_data(out / "data", preset)
     tqdm.write(f"[s5] preset {preset.name}: data → {out / 'data'}")
     tokenizer, eval_samples = prepare_data(preset, out / "data")
-    sections, matched = model_sections(preset, tokenizer)
+    sections, matched = model_sections(preset, tokenizer, models)
     configs = {name: train_config(preset, name, sections[name], out / "data" / "tokenizer", device) for name in models}
     workers = resolve_workers(workers, len(models), resolve_device(device))
-    tqdm.write(f"[s5] training {', '.join(f'{LABELS[n]} ({preset.steps[n]:,} steps)' for n in models)} → {out}"
+    tqdm.write(f"[s5] training {', '.join(f'{label_of(n)} ({steps_of(preset, n):,} steps)' for n in models)} → {out}"
                + (f", {workers} at a time in worker processes" if workers > 1 else ""))
-    trained = train_runs([RunJob(name, configs[name], out / name) for name in models], resume, workers)
+    trained = train_runs([RunJob(name, configs[name], out / run_dir_name(name)) for name in models], resume, workers)
     results, device_name = [], device
     for name in models:
         model, used = load_trained(configs[name], trained[name].checkpoint)
@@ -360,8 +432,8 @@ def run_experiment(
         eval_started = time.perf_counter()
         per_n = evaluate_by_n(model, eval_samples, tokenizer, preset.eval_batch_size, used, desc=f"eval {name}")
         results.append(ModelResult(
-            name=name, label=LABELS[name], parameters=count_parameters(model), steps=preset.steps[name],
-            train_seconds=_timing(out / name, trained[name].seconds), eval_seconds=time.perf_counter() - eval_started,
+            name=name, label=label_of(name), parameters=count_parameters(model), steps=steps_of(preset, name),
+            train_seconds=_timing(out / run_dir_name(name), trained[name].seconds), eval_seconds=time.perf_counter() - eval_started,
             per_n=per_n, train_path=describe_path(configs[name]),
         ))
         del model
