@@ -87,7 +87,6 @@ def repeated_block_indices(model: nn.Module) -> set[int]:
     return set()
 
 
-middle_indices = repeated_block_indices  # the trainer's name for them
 
 
 def gate_values(model: nn.Module) -> dict[str, nn.Parameter]:

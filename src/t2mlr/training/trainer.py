@@ -59,7 +59,7 @@ from t2mlr.training.model_factory import (
     decoder_layers,
     describe_path,
     gate_values,
-    middle_indices,
+    repeated_block_indices,
 )
 from t2mlr.training.optim import build_optimizer, build_scheduler, lr_multiplier
 from t2mlr.utils import load_tokenizer
@@ -143,7 +143,7 @@ class Trainer:
         self.train_recurrence = model.config.forward_path(True).recurrence if self.recurrent else "none"
         self.eval_overrides = {} if cfg.eval.recurrence is None else {"recurrence": cfg.eval.recurrence}
         unused = self.train_recurrence == "off"
-        self.wrapped = dist_utils.wrap_model(model, env, cfg.train.parallel, layers, middle_indices(model), unused)
+        self.wrapped = dist_utils.wrap_model(model, env, cfg.train.parallel, layers, repeated_block_indices(model), unused)
         self.model = dist_utils.unwrap(self.wrapped)
         self.optimizer = build_optimizer(self.model, cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.schedule, cfg.horizon())
