@@ -30,7 +30,6 @@ concept pairs, i.e. "Every parent is a child."), ``num_nodes`` (int), ``path_len
 
 from __future__ import annotations
 
-import itertools
 import random
 import re
 from collections import deque
@@ -38,6 +37,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from t2mlr.tasks.jsonl import read_jsonl, write_jsonl
+from t2mlr.tasks.sampling import seeded_samples
 
 __all__ = [
     "check_answer",
@@ -218,12 +218,9 @@ def iter_prosqa_hard(
     a caller can show progress, or draw until it has enough, and get exactly what
     `generate_prosqa_hard` returns.
     """
-    if num_samples is not None and num_samples < 0:
-        raise ValueError(f"num_samples must be >= 0, got {num_samples}")
     _validate(nodes_range, path_range, edge_factor)
-    rng = random.Random(f"t2mlr/prosqa-hard/{stream}/{seed}")
-    counter = itertools.count() if num_samples is None else range(num_samples)
-    return (_make_sample(rng, nodes_range, path_range, edge_factor) for _ in counter)
+    return seeded_samples("prosqa-hard", num_samples, seed, stream,
+                          lambda rng: _make_sample(rng, nodes_range, path_range, edge_factor))
 
 
 def generate_prosqa_hard(

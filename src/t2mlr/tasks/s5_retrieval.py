@@ -47,6 +47,7 @@ from t2mlr.tasks.s5 import (
     running_products,
     token_to_perm,
 )
+from t2mlr.tasks.sampling import seeded_samples
 
 __all__ = [
     "BLANK",
@@ -161,21 +162,10 @@ def iter_s5_retrieval(
     ``stream`` names an independent random stream for the same ``seed`` (e.g. "train" and
     "eval-n7"), so a train and an eval set generated with one seed do not share samples.
     """
-    if num_samples < 0:
-        raise ValueError(f"num_samples must be >= 0, got {num_samples}")
     _validate_config(n_range, k, dict_size)
     validate_alphabet(alphabet)
-    rng = random.Random(f"t2mlr/s5-retrieval/{stream}/{seed}")
-    return _sample_stream(rng, num_samples, n_range, k, dict_size, alphabet)
-
-
-def _sample_stream(
-    rng: random.Random, num_samples: int, n_range: tuple[int, int], k: int, dict_size: int, alphabet: str
-) -> Iterator[dict[str, Any]]:
-    """The lazy part of ``iter_s5_retrieval`` (kept separate so bad settings fail on the call)."""
-    for _ in range(num_samples):
-        n = rng.randint(n_range[0], n_range[1])
-        yield make_sample(rng, n, k, dict_size, alphabet)
+    return seeded_samples("s5-retrieval", num_samples, seed, stream,
+                          lambda rng: make_sample(rng, rng.randint(*n_range), k, dict_size, alphabet))
 
 
 def generate_s5_retrieval(

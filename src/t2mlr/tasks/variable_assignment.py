@@ -34,7 +34,6 @@ JSONL schema: ``prompt`` (str), ``target`` (str, the text to generate: the digit
 
 from __future__ import annotations
 
-import itertools
 import random
 import re
 import string
@@ -42,6 +41,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from t2mlr.tasks.jsonl import read_jsonl, write_jsonl
+from t2mlr.tasks.sampling import seeded_samples
 
 __all__ = [
     "HEADER",
@@ -132,12 +132,9 @@ def iter_variable_assignment(
     a caller can show progress, or draw until it has enough, and get exactly what
     `generate_variable_assignment` returns.
     """
-    if num_samples is not None and num_samples < 0:
-        raise ValueError(f"num_samples must be >= 0, got {num_samples}")
     _validate(depth, num_constants, num_distractors)
-    rng = random.Random(f"t2mlr/variable-assignment/{stream}/{seed}")
-    counter = itertools.count() if num_samples is None else range(num_samples)
-    return (_make_sample(rng, depth, num_constants, num_distractors) for _ in counter)
+    return seeded_samples("variable-assignment", num_samples, seed, stream,
+                          lambda rng: _make_sample(rng, depth, num_constants, num_distractors))
 
 
 def generate_variable_assignment(
