@@ -142,9 +142,9 @@ def _markdown(config: str, depths: Depths, trained: Sequence[TrainedArm], cells:
         "",
         *table([title for _, title in present], [[_cell(cells, key) for key, _ in present]]),
         "",
-        f"- Jacobi-trained minus exact-trained (both evaluated exactly): {checks['train_gap']:+.4f} ({verdict} the "
+        f"- Jacobi-trained minus exact-trained (both evaluated exactly): {checks['train_gap']:+.2e} ({verdict} the "
         f"paper's ±{PAPER_TOLERANCE})",
-        f"- Jacobi-trained model, Jacobi minus exact evaluation: {checks['eval_gap']:+.6f}",
+        f"- Jacobi-trained model, Jacobi minus exact evaluation: {checks['eval_gap']:+.2e}",
         "",
         *table(["arm", "steps", "training time", "run directory"], arms),
         "",

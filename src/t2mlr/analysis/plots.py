@@ -93,9 +93,10 @@ def plot_jacobi_vs_exact(losses: Mapping[str, float], curves: Mapping[str, Seque
     return _save(fig, path)
 
 
-def plot_probes(curves: Mapping[tuple[str, int], Sequence[float]], path: str | Path,
+def plot_probes(curves: Mapping[tuple[str, int], Mapping[int, float]], path: str | Path, num_layers: int,
                 placement: tuple[int, int] | None = None) -> Path:
-    """Probe loss against block (1..L): one colour per model, one line style per offset."""
+    """Probe loss against block: one colour per model, one line style per offset; each tick also names
+    the layer counted back from the LM head (ℓ−1 = the last block), as the paper's table does."""
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     models = list(dict.fromkeys(model for model, _ in curves))
     offsets = sorted({offset for _, offset in curves})
@@ -103,11 +104,14 @@ def plot_probes(curves: Mapping[tuple[str, int], Sequence[float]], path: str | P
     if placement is not None:
         ax.axvspan(placement[0] - 0.5, placement[1] + 0.5, color="0.92", zorder=0, label="T²MLR recurrent blocks")
     for (model, offset), losses in curves.items():
-        ax.plot(range(1, len(losses) + 1), losses, marker="o", markersize=3,
+        blocks = sorted(losses)
+        ax.plot(blocks, [losses[b] for b in blocks], marker="o", markersize=3,
                 color=f"C{models.index(model)}", linestyle=styles[offsets.index(offset) % len(styles)],
                 label=f"{model}, x(t+{offset})")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("block (L: after the final norm)")
+    probed = sorted({b for losses in curves.values() for b in losses})
+    ax.set_xticks(probed, [f"{b}\nℓ−{num_layers + 1 - b}" for b in probed])
+    ax.set_xlim(probed[0] - 0.6, probed[-1] + 0.6)
+    ax.set_xlabel("block (top) = layer counted back from the LM head (bottom; ℓ−1 after the final norm)")
     ax.set_ylabel("held-out probe loss (nats/token)")
     ax.set_title("future-token probes")
     ax.grid(alpha=0.3)
