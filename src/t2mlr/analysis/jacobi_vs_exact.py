@@ -169,9 +169,8 @@ def run_jacobi_vs_exact(
     trained = train_arms(arms, out, resume=resume)
     cells = evaluate_arms(trained, depths, eval_batches)
     checks = claims(cells)
-    titles = dict(CELLS)
-    figure = plot_jacobi_vs_exact({titles[k]: v["loss"] for k, v in cells.items()}, _eval_curves(trained),
-                                  out / FIGURE)
+    figure = plot_jacobi_vs_exact({title: cells[key]["loss"] for key, title in CELLS if key in cells},
+                                  _eval_curves(trained), out / FIGURE)  # bars in the table's column order
     payload = {
         "config": str(config), "overrides": list(overrides),
         "depths": {"d_forward": depths.d_forward, "d_backward": depths.d_backward,

@@ -64,11 +64,13 @@ def plot_gradient_fidelity(rows: Sequence[Any], anchor: Any, path: str | Path, t
 
 def plot_jacobi_vs_exact(losses: Mapping[str, float], curves: Mapping[str, Sequence[tuple[int, float]]],
                          path: str | Path) -> Path:
-    """Left: the table's validation losses as bars (values printed); right: validation loss during training."""
+    """Left: the table's validation losses as bars in the given order (values printed; grey for the
+    Transformer, one colour per training path); right: validation loss during training."""
     fig, (bars, lines) = plt.subplots(1, 2, figsize=(13, 4.5), gridspec_kw={"width_ratios": [1.2, 1]})
     names = list(losses)
     values = [losses[n] for n in names]
-    drawn = bars.bar(range(len(names)), values, color=["0.6"] + ["C0", "C0", "C1", "C1"][: len(names) - 1])
+    colours = ["C0" if "Jacobi train" in n else "C1" if "exact train" in n else "0.6" for n in names]
+    drawn = bars.bar(range(len(names)), values, color=colours)  # grey: the Transformer; colour: training path
     bars.bar_label(drawn, labels=[f"{v:.4f}" for v in values], fontsize=8)
     bars.set_xticks(range(len(names)), [n.replace(": ", ":\n").replace(", ", ",\n") for n in names], fontsize=8)
     low, high = min(values), max(values)

@@ -68,6 +68,7 @@ __all__ = [
 
 STEM, FIGURE = "probes", "probes.png"
 PROBE_KINDS = ("linear", "mlp")
+PROBE_NAMES = {"linear": "Linear", "mlp": "Two-layer MLP"}
 
 
 @dataclass(frozen=True)
@@ -271,7 +272,7 @@ def _markdown(models: Sequence[tuple[str, ModelInfo]], results: Sequence[dict[in
     lines = [
         "# Future-token probes",
         "",
-        f"{settings.kind.capitalize()} probes on frozen hidden states (standardised), one per block, model and offset; "
+        f"{PROBE_NAMES[settings.kind]} probes on frozen hidden states (standardised), one per block, model and offset; "
         f"held-out cross-entropy in nats per token (lower: the state carries more about x_(t+offset)). Data "
         f"`{data}`: {split[0]} rows of {seq_len} tokens to train the probes, {split[1]} held-out rows to score them "
         f"({', '.join(f'{n:,} tokens at +{k}' for k, n in tokens.items())}). Probes: {settings.steps} AdamW steps of "
