@@ -64,3 +64,18 @@ def test_a_missing_metrics_file_is_named(tmp_path, capsys) -> None:
     (tmp_path / "empty").mkdir()
     assert main(["analyze", "gates", str(tmp_path / "empty"), "--out", str(tmp_path / "out")]) == 2
     assert "metrics.jsonl" in capsys.readouterr().err
+
+
+def test_labels_name_the_runs_and_must_match_their_count(tmp_path, capsys) -> None:
+    first = _run(tmp_path / "a", [(0.0, 0.0), (-0.01, 0.02)])
+    second = _run(tmp_path / "b", [(0.0, 0.0), (0.03, -0.01)])
+    plain = _run(tmp_path / "transformer", None)
+    out = tmp_path / "out"
+    code = main(["analyze", "gates", str(first), str(second), str(plain), "--labels", "Jacobi 16:4,exact bptt 4,Transformer",
+                 "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    payload = json.loads((out / "gates.json").read_text())
+    assert [r["run"] for r in payload["runs"]] == ["Jacobi 16:4", "exact bptt 4"]
+    assert "| `Jacobi 16:4` | 2 | -0.0100 | +0.0200 |" in (out / "gates.md").read_text()
+    code = main(["analyze", "gates", str(first), str(second), "--labels", "Jacobi (16,4),exact", "--out", str(out)])
+    assert code == 2 and "3 names for 2 runs" in capsys.readouterr().err

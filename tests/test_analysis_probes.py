@@ -103,6 +103,13 @@ def test_command_probes_both_models_at_both_offsets(tmp_path, capsys) -> None:
     assert not set(payload["train_rows"]) & set(payload["heldout_rows"])
     table = (out / "probes.md").read_text()
     assert "T²MLR(2,4)" in table and "Transformer" in table and "+2" in table
+    assert payload["settings"]["kind"] == "mlp"  # the paper's two-layer probe by default
+    # columns count back from the head: the first layer column (ℓ−1) holds the last block's loss
+    header = next(line for line in table.splitlines() if line.startswith("| model"))
+    assert [c.strip() for c in header.split("|")[3:8]] == ["ℓ−1", "ℓ−2", "ℓ−3", "ℓ−4", "ℓ−5"]
+    first_row = next(line for line in table.splitlines() if line.startswith("| T²MLR") and "+1" in line)
+    last_block = payload["models"][0]["probes"]["1"][-1]["loss"]
+    assert first_row.split("|")[3].strip() == f"{last_block:.3f}"
 
 
 def test_command_refuses_offset_zero(tmp_path, capsys) -> None:
@@ -111,3 +118,18 @@ def test_command_refuses_offset_zero(tmp_path, capsys) -> None:
     code = main(["analyze", "probes", str(model_dir), "--data", str(data), "--seq-len", "16", "--offset", "0,1",
                  "--out", str(tmp_path / "out"), "--threads", "1"])
     assert code == 2 and ">= 1" in capsys.readouterr().err
+
+
+def test_layers_probes_only_the_blocks_nearest_the_head(tmp_path, capsys) -> None:
+    model_dir = save_tiny_t2mlr(tmp_path / "t2mlr")
+    data = write_ids_jsonl(tmp_path / "data.jsonl", documents=60)
+    out = tmp_path / "out"
+    code = main(["analyze", "probes", str(model_dir), "--data", str(data), "--seq-len", "16", "--rows", "20",
+                 "--offset", "2", "--layers", "2", "--probe", "linear", "--probe-steps", "5", "--probe-batch", "32",
+                 "--out", str(out), "--threads", "1"])
+    assert code == 0, capsys.readouterr().err
+    payload = json.loads((out / "probes.json").read_text())
+    assert [(p["block"], p["layer"]) for p in payload["models"][0]["probes"]["2"]] == [(4, "ℓ−2"), (5, "ℓ−1")]
+    code = main(["analyze", "probes", str(model_dir), "--data", str(data), "--seq-len", "16", "--layers", "6",
+                 "--out", str(tmp_path / "bad"), "--threads", "1"])
+    assert code == 2 and "--layers must lie in [1, 5]" in capsys.readouterr().err

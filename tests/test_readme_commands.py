@@ -73,6 +73,20 @@ COVERED_BY = {
     "t2mlr train configs/overhead_cpu.yaml --out runs/overhead_cpu": "tests/test_training_config.py::test_every_preset_loads",
     "python benchmarks/train_overhead.py --checkpoint runs/overhead_cpu/checkpoints/step_00000400 "
     "--data data/stdlib/eval.jsonl --tokenizer data/stdlib/tokenizer --batch 8 --tol 1e-2": "tests/test_benchmarks.py",
+    # the documented analyses (results/analyses/): each command at a tiny scale on a tiny checkpoint or config
+    "t2mlr analyze jacobi-vs-exact lm_offline_cpu --out runs/jve train.max_steps=200":
+        "tests/test_analysis_jacobi_vs_exact.py::test_command_trains_three_arms_evaluates_both_paths_and_resumes",
+    "t2mlr analyze gradient-fidelity runs/jve/jacobi/final --data data/english/validation_shards "
+    "--out results/analyses/gradient_fidelity":
+        "tests/test_analysis_gradient_fidelity.py::test_command_writes_table_json_and_figure",
+    "t2mlr analyze probes runs/jve/jacobi/final runs/jve/transformer/final --data data/english/validation_shards "
+    "--rows 256 --layers 5 --probe-steps 200 --probe-batch 256 --out results/analyses/probes":
+        "tests/test_analysis_probes.py::test_layers_probes_only_the_blocks_nearest_the_head",
+    't2mlr analyze gates runs/jve/jacobi runs/jve/exact runs/jve/transformer --labels "Jacobi 16:4,exact bptt 4,'
+    'Transformer" --out results/analyses/gates':
+        "tests/test_analysis_gates.py::test_labels_name_the_runs_and_must_match_their_count",
+    "t2mlr analyze placement lm_offline_cpu --starts 1,3,5,7 --width 2 --out runs/placement train.max_steps=100":
+        "tests/test_analysis_placement.py::test_command_trains_each_placement_and_the_transformer",
 }
 
 

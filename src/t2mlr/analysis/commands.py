@@ -36,7 +36,8 @@ HELP = {
                          "an anchor, with the time per setting",
     "jacobi-vs-exact": "train Jacobi (16,4), exact with bptt_window=4 and the matched Transformer; evaluate each on "
                        "both paths",
-    "probes": "linear probes on every block's hidden state predicting x(t+offset), T²MLR vs a baseline",
+    "probes": "two-layer MLP probes on every block's hidden state predicting x(t+offset) (offsets 1 and 2 by "
+              "default), T²MLR vs a baseline",
     "gates": "γ_cur and γ_rec over training steps from runs' metrics.jsonl",
     "placement": "validation loss against l_start (or early / middle / late at fixed width D)",
 }
@@ -114,7 +115,7 @@ def _probes(args: argparse.Namespace) -> dict[str, Any]:
         args.checkpoint, args.data, args.out, baseline_dir=args.baseline, offsets=parse_int_list(args.offset, "--offset"),
         rows=args.rows, heldout_fraction=args.heldout_fraction, batch_size=args.batch_size, seq_len=args.seq_len,
         settings=settings, recurrence=args.recurrence, d_forward=args.d_forward, device=args.device, seed=args.seed,
-        tokenizer=args.tokenizer, eos_token_id=args.eos_token_id,
+        tokenizer=args.tokenizer, eos_token_id=args.eos_token_id, layers=args.layers,
     )
 
 
@@ -220,10 +221,12 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     probes.add_argument("--offset", default="1,2",
                         help="comma-separated offsets k >= 1: probe x(t+k) from token t's state (default 1,2)")
     probes.add_argument("--rows", type=int, default=64, help="rows of --data used (default 64)")
+    probes.add_argument("--layers", type=int, default=None, metavar="N",
+                        help="probe only the N layers nearest the LM head, ℓ−1 … ℓ−N (the paper: 5; default: all)")
     probes.add_argument("--heldout-fraction", type=float, default=0.25, help="rows held out to score (default 0.25)")
     probes.add_argument("--batch-size", type=int, default=8, help="rows per forward pass (default 8)")
-    probes.add_argument("--probe", choices=("linear", "mlp"), default="linear",
-                        help="linear layer (default) or the paper's two-layer MLP")
+    probes.add_argument("--probe", choices=("linear", "mlp"), default="mlp",
+                        help="the paper's two-layer MLP (default) or a linear layer")
     probes.add_argument("--probe-steps", type=int, default=400)
     probes.add_argument("--probe-batch", type=int, default=512, help="tokens per probe step")
     probes.add_argument("--probe-lr", type=float, default=3e-3)

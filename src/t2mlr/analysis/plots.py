@@ -64,11 +64,13 @@ def plot_gradient_fidelity(rows: Sequence[Any], anchor: Any, path: str | Path, t
 
 def plot_jacobi_vs_exact(losses: Mapping[str, float], curves: Mapping[str, Sequence[tuple[int, float]]],
                          path: str | Path) -> Path:
-    """Left: the table's validation losses as bars (values printed); right: validation loss during training."""
+    """Left: the table's validation losses as bars in the given order (values printed; grey for the
+    Transformer, one colour per training path); right: validation loss during training."""
     fig, (bars, lines) = plt.subplots(1, 2, figsize=(13, 4.5), gridspec_kw={"width_ratios": [1.2, 1]})
     names = list(losses)
     values = [losses[n] for n in names]
-    drawn = bars.bar(range(len(names)), values, color=["0.6"] + ["C0", "C0", "C1", "C1"][: len(names) - 1])
+    colours = ["C0" if "Jacobi train" in n else "C1" if "exact train" in n else "0.6" for n in names]
+    drawn = bars.bar(range(len(names)), values, color=colours)  # grey: the Transformer; colour: training path
     bars.bar_label(drawn, labels=[f"{v:.4f}" for v in values], fontsize=8)
     bars.set_xticks(range(len(names)), [n.replace(": ", ":\n").replace(", ", ",\n") for n in names], fontsize=8)
     low, high = min(values), max(values)
@@ -93,9 +95,10 @@ def plot_jacobi_vs_exact(losses: Mapping[str, float], curves: Mapping[str, Seque
     return _save(fig, path)
 
 
-def plot_probes(curves: Mapping[tuple[str, int], Sequence[float]], path: str | Path,
+def plot_probes(curves: Mapping[tuple[str, int], Mapping[int, float]], path: str | Path, num_layers: int,
                 placement: tuple[int, int] | None = None) -> Path:
-    """Probe loss against block (1..L): one colour per model, one line style per offset."""
+    """Probe loss against block: one colour per model, one line style per offset; each tick also names
+    the layer counted back from the LM head (ℓ−1 = the last block), as the paper's table does."""
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     models = list(dict.fromkeys(model for model, _ in curves))
     offsets = sorted({offset for _, offset in curves})
@@ -103,11 +106,14 @@ def plot_probes(curves: Mapping[tuple[str, int], Sequence[float]], path: str | P
     if placement is not None:
         ax.axvspan(placement[0] - 0.5, placement[1] + 0.5, color="0.92", zorder=0, label="T²MLR recurrent blocks")
     for (model, offset), losses in curves.items():
-        ax.plot(range(1, len(losses) + 1), losses, marker="o", markersize=3,
+        blocks = sorted(losses)
+        ax.plot(blocks, [losses[b] for b in blocks], marker="o", markersize=3,
                 color=f"C{models.index(model)}", linestyle=styles[offsets.index(offset) % len(styles)],
                 label=f"{model}, x(t+{offset})")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("block (L: after the final norm)")
+    probed = sorted({b for losses in curves.values() for b in losses})
+    ax.set_xticks(probed, [f"{b}\nℓ−{num_layers + 1 - b}" for b in probed])
+    ax.set_xlim(probed[0] - 0.6, probed[-1] + 0.6)
+    ax.set_xlabel("block (top) = layer counted back from the LM head (bottom; ℓ−1 after the final norm)")
     ax.set_ylabel("held-out probe loss (nats/token)")
     ax.set_title("future-token probes")
     ax.grid(alpha=0.3)

@@ -21,8 +21,12 @@ next-token validation loss) fit the further offset better than the next token.
 Targets never cross a document boundary: position t is probed at offset k only when t+k lies in the
 same document of the same row.
 
-The paper's text says a two-layer MLP; the default here is a linear layer (`kind="linear"`), the
-standard probe that measures what is linearly readable; `kind="mlp"` gives the two-layer version.
+The probe is the paper's two-layer MLP by default (`kind="mlp"`: hidden -> 2 x hidden, GELU -> vocabulary);
+`kind="linear"` gives a single linear layer, the standard probe of what is linearly readable.
+
+Layers are named as the paper's table names them, counted back from the LM head: l_-1 is the last
+block (what the head reads), l_-k the block k - 1 below it, so a T²MLR model and a baseline of the same
+depth line up column by column whatever their placement.
 """
 
 from __future__ import annotations
@@ -64,13 +68,14 @@ __all__ = [
 
 STEM, FIGURE = "probes", "probes.png"
 PROBE_KINDS = ("linear", "mlp")
+PROBE_NAMES = {"linear": "Linear", "mlp": "Two-layer MLP"}
 
 
 @dataclass(frozen=True)
 class ProbeSettings:
     """How every probe is trained (the same for all models, blocks and offsets)."""
 
-    kind: str = "linear"
+    kind: str = "mlp"
     steps: int = 400
     batch_size: int = 512
     lr: float = 3e-3
@@ -213,50 +218,67 @@ def _split_rows(count: int, rows: int | None, heldout_fraction: float, seed: int
 
 def probe_model(model: nn.Module, info: ModelInfo, train_batches: Sequence[dict[str, torch.Tensor]],
                 eval_batches: Sequence[dict[str, torch.Tensor]], offsets: Sequence[int], settings: ProbeSettings,
-                path: dict[str, Any]) -> dict[int, list[ProbeResult]]:
-    """Per offset, one probe result per block (1..L)."""
+                path: dict[str, Any], layers: int | None = None) -> dict[int, dict[int, ProbeResult]]:
+    """Per offset, {block: probe result} for the `layers` blocks nearest the head (all L by default)."""
     call = path if info.recurrent else {}
     train = collect_features(model, train_batches, offsets, f"{info.label}: hidden states (train)", **call)
     held = collect_features(model, eval_batches, offsets, f"{info.label}: hidden states (held-out)", **call)
     vocab = int(model.config.get_text_config().vocab_size) if not is_t2mlr(model) else model.config.vocab_size
-    results: dict[int, list[ProbeResult]] = {}
-    bar = tqdm(total=len(offsets) * info.num_layers, desc=f"{info.label}: probes", unit="probe", dynamic_ncols=True)
+    blocks = probed_blocks(info.num_layers, layers)
+    results: dict[int, dict[int, ProbeResult]] = {}
+    bar = tqdm(total=len(offsets) * len(blocks), desc=f"{info.label}: probes", unit="probe", dynamic_ncols=True)
     try:
         for offset in offsets:
             (train_x, train_y), (eval_x, eval_y) = train[offset], held[offset]
-            results[offset] = []
-            for block in range(info.num_layers):
-                bar.set_postfix(offset=offset, block=block + 1)
-                results[offset].append(train_probe(train_x[block], train_y, eval_x[block], eval_y, vocab, settings))
+            results[offset] = {}
+            for block in blocks:
+                bar.set_postfix(offset=offset, block=block)
+                results[offset][block] = train_probe(train_x[block - 1], train_y, eval_x[block - 1], eval_y, vocab,
+                                                      settings)
                 bar.update(1)
     finally:
         bar.close()
     return results
 
 
-def _markdown(models: Sequence[tuple[str, ModelInfo]], results: Sequence[dict[int, list[ProbeResult]]],
+def probed_blocks(num_layers: int, layers: int | None) -> list[int]:
+    """The blocks (1-based) of the `layers` layers nearest the LM head, ℓ−layers … ℓ−1; all by default."""
+    if layers is None:
+        return list(range(1, num_layers + 1))
+    if not 1 <= layers <= num_layers:
+        raise ValueError(f"--layers must lie in [1, {num_layers}] (the model has {num_layers} blocks), got {layers}")
+    return list(range(num_layers - layers + 1, num_layers + 1))
+
+
+def layer_name(from_head: int) -> str:
+    """The paper's name of the layer `from_head` blocks back from the LM head: 1 → "ℓ−1" (the last block)."""
+    return f"ℓ−{from_head}"
+
+
+def _markdown(models: Sequence[tuple[str, ModelInfo]], results: Sequence[dict[int, dict[int, ProbeResult]]],
               offsets: Sequence[int], settings: ProbeSettings, data: str, split: tuple[int, int], seq_len: int,
               path: dict[str, Any], figure: str) -> list[str]:
-    layers = max(info.num_layers for _, info in models)
-    headers = ["model", "offset", *[f"block {b}" for b in range(1, layers + 1)], "best"]
+    layers = max(len(per_offset[offsets[0]]) for per_offset in results)
+    headers = ["model", "offset", *[layer_name(k) for k in range(1, layers + 1)], "best"]
     rows = []
     for (_, info), per_offset in zip(models, results):
         for offset in offsets:
-            losses = [r.loss for r in per_offset[offset]]
-            cells = [f"{loss:.3f}" for loss in losses] + ["–"] * (layers - len(losses))
-            rows.append([info.label, f"+{offset}", *cells, f"{min(losses):.3f}"])
+            from_head = [per_offset[offset][b].loss for b in sorted(per_offset[offset], reverse=True)]  # ℓ−1 first
+            cells = [f"{loss:.3f}" for loss in from_head] + ["–"] * (layers - len(from_head))
+            rows.append([info.label, f"+{offset}", *cells, f"{min(from_head):.3f}"])
     recurrent = [info for _, info in models if info.placement is not None]
     marks = "; ".join(f"{info.label} recurs over blocks {info.placement[0]}–{info.placement[1]}" for info in recurrent)
-    tokens = {offset: results[0][offset][0].eval_tokens for offset in offsets}
+    tokens = {offset: next(iter(results[0][offset].values())).eval_tokens for offset in offsets}
     lines = [
         "# Future-token probes",
         "",
-        f"{settings.kind.capitalize()} probes on frozen hidden states (standardised), one per block, model and offset; "
+        f"{PROBE_NAMES[settings.kind]} probes on frozen hidden states (standardised), one per block, model and offset; "
         f"held-out cross-entropy in nats per token (lower: the state carries more about x_(t+offset)). Data "
         f"`{data}`: {split[0]} rows of {seq_len} tokens to train the probes, {split[1]} held-out rows to score them "
         f"({', '.join(f'{n:,} tokens at +{k}' for k, n in tokens.items())}). Probes: {settings.steps} AdamW steps of "
         f"{settings.batch_size} tokens, lr {settings.lr:g}. T²MLR path: {path.get('recurrence', 'exact')}. "
-        f"Block L is the final norm's output. {marks}.",
+        f"Columns count layers back from the LM head as the paper does: ℓ−1 is the last block (the final "
+        f"norm's output, what the head reads), ℓ−k is block L + 1 − k. {marks}.",
         "",
         *table(headers, rows),
         "",
@@ -272,9 +294,10 @@ def run_probes(
     offsets: Sequence[int] = (1, 2), rows: int | None = 64, heldout_fraction: float = 0.25, batch_size: int = 8,
     seq_len: int | None = None, settings: ProbeSettings = ProbeSettings(), recurrence: str = "exact",
     d_forward: int | None = None, device: str = "auto", seed: int = 0, tokenizer: str | None = None,
-    eos_token_id: int | None = None,
+    eos_token_id: int | None = None, layers: int | None = None,
 ) -> dict[str, Any]:
-    """Probe every block of the model (and of the baseline) at every offset; write probes.md/.json/.png."""
+    """Probe the `layers` blocks nearest the head (every block by default) of the model (and of the
+    baseline) at every offset; write probes.md/.json/.png."""
     from t2mlr.analysis.plots import plot_probes
 
     offsets = check_offsets(offsets)
@@ -294,19 +317,23 @@ def run_probes(
     train_rows, held_rows = _split_rows(len(dataset), rows, heldout_fraction, seed)
     train_batches = model_batches(dataset, train_rows, batch_size)
     eval_batches = model_batches(dataset, held_rows, batch_size)
-    results = [probe_model(model, info, train_batches, eval_batches, offsets, settings, path)
+    for _, info in infos:
+        probed_blocks(info.num_layers, layers)  # refuse a bad --layers before any forward pass
+    results = [probe_model(model, info, train_batches, eval_batches, offsets, settings, path, layers)
                for (_, model), (_, info) in zip(loaded, infos)]
     out = Path(out)
-    curves = {(info.label, offset): [r.loss for r in per_offset[offset]]
+    curves = {(info.label, offset): {b: r.loss for b, r in per_offset[offset].items()}
               for (_, info), per_offset in zip(infos, results) for offset in offsets}
     recurrent = [info.placement for _, info in infos if info.placement is not None]
-    figure = plot_probes(curves, out / FIGURE, recurrent[0] if recurrent else None)
+    figure = plot_probes(curves, out / FIGURE, max(info.num_layers for _, info in infos),
+                         recurrent[0] if recurrent else None)
     length = int(train_batches[0]["input_ids"].shape[1])
     payload = {
         "data": str(data), "seq_len": length, "train_rows": train_rows, "heldout_rows": held_rows,
-        "offsets": offsets, "settings": asdict(settings), "path": path,
+        "offsets": offsets, "layers": layers, "settings": asdict(settings), "path": path,
         "models": [{"model_dir": name, **asdict(info),
-                    "probes": {str(k): [asdict(r) for r in per_offset[k]] for k in offsets}}
+                    "probes": {str(k): [{"block": b, "layer": layer_name(info.num_layers + 1 - b), **asdict(r)}
+                                        for b, r in sorted(per_offset[k].items())] for k in offsets}}
                    for (name, info), per_offset in zip(infos, results)],
     }
     md, js = write_result(out, STEM, _markdown(infos, results, offsets, settings, str(data),
