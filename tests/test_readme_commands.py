@@ -48,9 +48,9 @@ COVERED_BY = {
     "pip install torch==2.13.0 && pip install -e . && t2mlr experiment s5-retrieval --preset cpu --out runs/s5":
         "tests/test_experiment_s5.py::test_tiny_experiment_end_to_end",
     'pip install torch==2.13.0 && pip install -e ".[test]" && python -m pytest': ".ci/run",
-    't2mlr corpus tokenize "fineweb-edu/*.parquet" --tokenizer HuggingFaceTB/SmolLM2-135M --out data/fineweb '
-    "--workers 8": "tests/test_corpus_tokenize.py",
-    "t2mlr train smollm2_135m_13_18 --out runs/135m_13_18 data.source=shards data.path=data/fineweb":
+    't2mlr data tokenize "fineweb-edu/*.parquet" --tokenizer HuggingFaceTB/SmolLM2-135M --out data/fineweb '
+    "--workers 8": "tests/test_corpus_tokenize.py::test_data_tokenize_and_corpus_tokenize_are_one_command",
+    "t2mlr train smollm2_135m_13_18 --out runs/135m_13_18 data.path=data/fineweb":
         "tests/test_corpus_training.py::test_training_reads_shards_and_keeps_document_starts",
     "torchrun --nproc_per_node 8 -m t2mlr train smollm2_135m_13_18 --out runs/135m_13_18 --parallel fsdp":
         "tests/test_training_distributed.py::test_fsdp_two_ranks_match_single_process_across_resume",
