@@ -82,3 +82,10 @@ def test_every_preset_header_says_what_it_reproduces() -> None:
     for name in PAPER_PRESETS:
         header = resolve_config_path(name).read_text(encoding="utf-8").split("\nextends:")[0]
         assert "Reproduces" in header or "reproduces" in header, name
+
+
+def test_the_readme_training_line_loads_with_its_overrides() -> None:
+    """`t2mlr train smollm2_135m_15_16 ... data.path=data/fineweb data.tokenizer=...` (loading reads no data)."""
+    cfg = load_config("smollm2_135m_15_16", ["data.path=data/fineweb", "data.tokenizer=HuggingFaceTB/SmolLM2-135M"])
+    assert (cfg.data.source, cfg.data.path, cfg.data.tokenizer) == ("shards", "data/fineweb", "HuggingFaceTB/SmolLM2-135M")
+    assert (cfg.model.l_start, cfg.model.l_end) == (15, 16) and cfg.eval.data.path == "data/fineweb_val"
