@@ -114,7 +114,9 @@ def _manager_for(tasks: Sequence[ZeroShotTask]) -> Any:
 
 def _registered_config(task: ZeroShotTask) -> dict[str, Any]:
     """lm-eval's own config of a task, with its `!function` entries resolved (what lm-eval builds it from)."""
-    from lm_eval.tasks._yaml_loader import load_yaml  # lm-eval's loader: includes and !function as it does them
+    from lm_eval.tasks._yaml_loader import (
+        load_yaml,  # lm-eval's loader: includes and !function as it does them
+    )
 
     name = task.name
     entry = _manager_for([task]).task_index.get(name)

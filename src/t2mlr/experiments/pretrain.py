@@ -101,7 +101,12 @@ class PreparedData:
 def prepare_data(preset: PretrainPreset, data_dir: Path, corpus: Path | None = None, workers: int = 1) -> PreparedData:
     """Corpus, tokenizer and token shards under `data_dir`; each step is skipped when its output is
     already there (a finished shard directory is left alone by `tokenize_corpus`)."""
-    from t2mlr.corpus import prepare_offline_corpus, read_manifest, tokenize_corpus, train_bpe_tokenizer
+    from t2mlr.corpus import (
+        prepare_offline_corpus,
+        read_manifest,
+        tokenize_corpus,
+        train_bpe_tokenizer,
+    )
     from t2mlr.corpus.offline import iter_texts
     from t2mlr.utils import load_tokenizer
 
@@ -177,7 +182,11 @@ def build_arms(preset: PretrainPreset, tree: dict[str, Any]) -> list[Any]:
 def evaluate(preset: PretrainPreset, arms: list[Any], run_dirs: dict[str, Path]) -> list[dict[str, Any]]:
     """One table row per (model, forward path): validation loss and perplexity on the same held-out rows."""
     from t2mlr.analysis.arms import validation_batches
-    from t2mlr.analysis.common import describe_model, load_analysis_model, validation_loss
+    from t2mlr.analysis.common import (
+        describe_model,
+        load_analysis_model,
+        validation_loss,
+    )
     from t2mlr.training.trainer import FINAL_DIR
 
     batches = validation_batches(arms[0].config, preset.eval_batches)
