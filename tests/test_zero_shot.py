@@ -62,6 +62,31 @@ def _write(path: Path, rows: list[dict]) -> Path:
     return path
 
 
+def write_all_tasks(root: Path, rows: int, seed: int = 2) -> Path:
+    """A few rows of each of the seven tasks in the schema of the hub dataset it reads (the layout of the
+    zero_shot module's docstring)."""
+    rng = random.Random(seed)
+    write_arc_easy(root / "arc_easy" / "test.jsonl", rows)
+    write_arc_easy(root / "arc_challenge" / "test.jsonl", rows, seed=3)
+    write_winogrande(root / "winogrande" / "validation.jsonl", rows)
+    _write(root / "hellaswag" / "validation.jsonl", [
+        {"ind": i, "activity_label": _words(rng, 1, 2), "ctx_a": _words(rng, 3, 6), "ctx_b": _words(rng, 1, 3),
+         "ctx": "", "endings": [_words(rng, 2, 5) for _ in range(4)], "source_id": f"s{i}", "split": "val",
+         "split_type": "indomain", "label": str(rng.randrange(4))} for i in range(rows)])
+    _write(root / "openbookqa" / "test.jsonl", [
+        {"id": f"o{i}", "question_stem": _words(rng, 3, 6),
+         "choices": {"text": [_words(rng, 1, 3) for _ in range(4)], "label": ["A", "B", "C", "D"]},
+         "answerKey": rng.choice("ABCD")} for i in range(rows)])
+    _write(root / "piqa" / "validation.jsonl", [
+        {"goal": _words(rng, 3, 6), "sol1": _words(rng, 2, 5), "sol2": _words(rng, 2, 5), "label": rng.randrange(2)}
+        for _ in range(rows)])
+    _write(root / "sciq" / "test.jsonl", [
+        {"question": _words(rng, 3, 6), "distractor1": _words(rng, 1, 2), "distractor2": _words(rng, 1, 2),
+         "distractor3": _words(rng, 1, 2), "correct_answer": _words(rng, 1, 2), "support": _words(rng, 0, 8)}
+        for _ in range(rows)])
+    return root
+
+
 @pytest.fixture(scope="module")
 def local_data(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("task_data")
@@ -112,6 +137,18 @@ def test_local_copies_score_as_lm_eval_scores_the_same_data(model_dir, local_dat
     assert row["Average"] == pytest.approx(sum(expected) / 2)
     table = (tmp_path / "out" / "zero_shot.md").read_text()
     assert "| model | jacobi (d_forward 2) |" in table and "local copies under" in table
+
+
+def test_the_command_writes_the_seven_task_table_from_local_copies(model_dir, tmp_path, capsys) -> None:
+    data = write_all_tasks(tmp_path / "data", rows=4)
+    assert cli_main(["eval", "zero-shot", str(model_dir), "--out", str(tmp_path / "out"), "--data-dir", str(data),
+                     "--device", "cpu", "--batch-size", "4"]) == 0
+    (row,) = json.loads((tmp_path / "out" / "zero_shot.json").read_text())["rows"]
+    scores = [row[task.column] for task in PAPER_TASKS]
+    assert all(score in {0.0, 25.0, 50.0, 75.0, 100.0} for score in scores)  # 4 documents per task
+    assert row["Average"] == pytest.approx(sum(scores) / 7) and row["path"] == "exact"
+    assert set(row["samples"].values()) == {4}
+    assert "average" in capsys.readouterr().out
 
 
 def test_the_command_names_every_missing_task_file(local_data, tmp_path, capsys) -> None:
