@@ -1,7 +1,7 @@
 """`t2mlr experiment pretrain`: the pretraining pipeline of the paper's 135M comparison, end to end, at a
 scale a CPU finishes, on real English text that needs no hub.
 
-    t2mlr experiment pretrain --preset cpu --out runs/pretrain     # ~15 min of one core
+    t2mlr experiment pretrain --preset cpu --out runs/pretrain     # ~10 min of CPU time (results/pretrain_cpu)
     t2mlr experiment pretrain --preset tiny --out /tmp/pretrain    # seconds: pipeline check only
 
 Steps, each an ordinary part of the library:
@@ -70,7 +70,8 @@ class PretrainPreset:
 
 
 PRESETS: dict[str, PretrainPreset] = {
-    # About 15 minutes of one core of a shared 2-core machine for the three trainings and the evaluation.
+    # About 10 minutes of CPU time (one core; 42 min of wall clock on a 2-core machine shared by five
+    # sessions) for the corpus, the three trainings and the evaluation: results/pretrain_cpu.
     "cpu": PretrainPreset(
         name="cpu", sources=("python-docs",), vocab=4096, max_train_documents=None,
         hidden=128, layers=6, heads=4, kv_heads=2, intermediate=352, middle=(3, 4), d_forward=8, d_backward=2,
