@@ -150,3 +150,23 @@ def test_a_finished_corpus_is_left_alone(tokenizer, tmp_path: Path) -> None:
     assert again == first
     assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "out").iterdir()} == stamps
     json.loads((tmp_path / "out" / "manifest.json").read_text())  # still valid JSON
+
+
+def test_data_tokenize_and_corpus_tokenize_are_one_command(tokenizer, tmp_path: Path) -> None:
+    """`t2mlr data tokenize` (the issue's spelling) and `t2mlr corpus tokenize` run one handler and write
+    the same shards as the library call; the data group gathers it without importing the corpus part."""
+    from t2mlr.cli import build_parser
+    from t2mlr.cli import main as cli_main
+
+    tokenizer.save_pretrained(str(tmp_path / "tok"))
+    source = write_parquet(DOCS, tmp_path / "docs.parquet")
+    for group in ("data", "corpus"):
+        argv = [group, "tokenize", str(source), "--tokenizer", str(tmp_path / "tok"), "--out", str(tmp_path / group),
+                "--workers", "0", "--shard-tokens", "500"]
+        assert cli_main(argv) == 0
+    tokenize_corpus(source, tokenizer, tmp_path / "library", workers=0, shard_tokens=500, progress=False)
+    assert shard_bytes(tmp_path / "data") == shard_bytes(tmp_path / "corpus") == shard_bytes(tmp_path / "library")
+    parser = build_parser()
+    handlers = {parser.parse_args([group, "tokenize", "x", "--tokenizer", "t", "--out", "o"]).func
+                for group in ("data", "corpus")}
+    assert len(handlers) == 1

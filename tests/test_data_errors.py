@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,20 +10,14 @@ import pytest
 import torch
 from torch.utils.data import Dataset
 
-from t2mlr.training.commands import main as training_main
 from t2mlr.training.config import DataConfig
 from t2mlr.training.data import (
     DataError,
     SyntheticChainDataset,
-    TokenFileDataset,
     build_dataset,
     check_token_range,
     read_jsonl_documents,
-    write_token_file,
 )
-
-SRC = Path(__file__).resolve().parents[1] / "src"
-
 
 def _jsonl(path: Path, lines: list[str]) -> Path:
     path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
@@ -170,27 +161,7 @@ def test_the_pad_id_must_be_in_the_vocabulary(tmp_path: Path) -> None:
     assert "data.pad_token_id = 12" in str(_error(path, vocab_size=10, pad_token_id=12))
 
 
-# ------------------------------------------------------------------------------------ token files and datasets
-
-
-def test_token_files(tmp_path: Path) -> None:
-    with pytest.raises(DataError, match="no such data file"):
-        TokenFileDataset(tmp_path / "none.npy", 4, 0)
-    not_npy = tmp_path / "text.npy"
-    not_npy.write_text("hello")
-    with pytest.raises(DataError, match="not a .npy token array"):
-        TokenFileDataset(not_npy, 4, 0)
-    floats = tmp_path / "floats.npy"
-    np.save(floats, np.ones(8, dtype=np.float32))
-    with pytest.raises(DataError, match="integer token ids"):
-        TokenFileDataset(floats, 4, 0)
-    path = tmp_path / "t.npy"
-    write_token_file([[3, 4, 5], [6, 300]], path, eos_token_id=0)  # stream 3 4 5 0 6 300 0
-    cfg = DataConfig(source="tokens", path=str(path), eos_token_id=0, seq_len=2)
-    assert len(build_dataset(cfg, vocab_size=301)) == 3
-    with pytest.raises(DataError) as caught:
-        build_dataset(cfg, vocab_size=300)
-    assert str(caught.value) == f"{path}: token 5 of the stream is id 300, outside the model's vocabulary [0, 300)"
+# ------------------------------------------------------------------------------------ datasets
 
 
 class _RowsWithOneBadId(Dataset):
@@ -234,70 +205,6 @@ def test_a_synthetic_vocabulary_larger_than_the_model_fails_before_training() ->
         build_dataset(eval_cfg, vocab_size=32, name="eval.data")
     packed = SyntheticChainDataset(4, 8, vocab_size=16)
     check_token_range(packed, vocab_size=16, sample_rows=1)
-
-
-# ------------------------------------------------------------------------------------ write_token_file and tokenize
-
-
-def _leftovers(directory: Path) -> list[str]:
-    return sorted(p.name for p in directory.iterdir() if p.name.endswith(".tmp") or p.suffix == ".npy")
-
-
-def test_write_token_file_leaves_nothing_behind_when_the_documents_fail(tmp_path: Path) -> None:
-    def documents():
-        yield [1, 2, 3]
-        raise DataError("broken line", tmp_path / "x.jsonl", 2)
-
-    with pytest.raises(DataError, match="x.jsonl:2: broken line"):
-        write_token_file(documents(), tmp_path / "out.npy", eos_token_id=0)
-    with pytest.raises(ValueError, match="no documents"):
-        write_token_file([[], []], tmp_path / "out.npy", eos_token_id=0)
-    with pytest.raises(ValueError, match=r"document 2: token ids must lie in \[0, 2\*\*32\)"):
-        write_token_file([[1], [2**32]], tmp_path / "out.npy", eos_token_id=0)
-    assert _leftovers(tmp_path) == []
-
-
-BAD_INPUTS = {
-    "missing": (None, "no such data file"),
-    "empty": ([], "the data file is empty"),
-    "blank": (["", "  "], "only blank lines"),
-    "malformed": (['{"input_ids": [1]}', '{"input_ids": [1,'], ":2: invalid JSON"),
-    "no field": (['{"input_ids": [1]}', '{"other": 1}'], ":2: the line has neither the ids field 'input_ids'"),
-    "not integers": (['{"input_ids": [1, "2"]}'], ":1: field 'input_ids': item 1 is '2'"),
-    "negative": (['{"input_ids": [1]}', "", '{"input_ids": [-5]}'], ":3: field 'input_ids': item 0 is token id -5"),
-    "past uint32": (['{"input_ids": [4294967296]}'], ":1: field 'input_ids': item 0 is token id 4294967296"),
-    "text, no tokenizer": (['{"text": "a b"}'], ":1: field 'text' holds text but no tokenizer"),
-}
-
-
-@pytest.mark.parametrize("case", list(BAD_INPUTS))
-def test_tokenize_on_bad_input_exits_2_with_one_line(tmp_path: Path, capsys, case: str) -> None:
-    lines, expected = BAD_INPUTS[case]
-    source = tmp_path / "corpus.jsonl"
-    if lines is not None:
-        source.write_text("".join(line + "\n" for line in lines))
-    out = tmp_path / "tokens.npy"
-    # a document before the bad line is already streamed into the temporary file when the error comes
-    assert training_main(["tokenize", str(source), str(out), "--eos-token-id", "1"]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith(f"t2mlr tokenize: {source}") and expected in err
-    assert _leftovers(tmp_path) == []
-
-
-def test_tokenize_without_an_eos_id(tmp_path: Path, capsys) -> None:
-    source = _jsonl(tmp_path / "c.jsonl", ['{"input_ids": [1]}'])
-    assert training_main(["tokenize", str(source), str(tmp_path / "t.npy")]) == 2
-    assert "--eos-token-id" in capsys.readouterr().err
-
-
-def test_tokenize_as_a_module_exits_2_without_a_traceback(tmp_path: Path) -> None:
-    source = _jsonl(tmp_path / "c.jsonl", ['{"input_ids": [3, 4]}', '{"input_ids": [5, 6]', '{"input_ids": [7]}'])
-    done = subprocess.run([sys.executable, "-m", "t2mlr.training", "tokenize", str(source), str(tmp_path / "t.npy"),
-                           "--eos-token-id", "1"], capture_output=True, text=True, timeout=120, check=False,
-                          env={**os.environ, "PYTHONPATH": str(SRC)})
-    assert done.returncode == 2
-    assert "Traceback" not in done.stderr and f"{source}:2: invalid JSON" in done.stderr
-    assert _leftovers(tmp_path) == []
 
 
 def test_a_factory_that_cannot_find_its_file(tmp_path: Path) -> None:

@@ -48,9 +48,9 @@ COVERED_BY = {
     "pip install torch==2.13.0 && pip install -e . && t2mlr experiment s5-retrieval --preset cpu --out runs/s5":
         "tests/test_experiment_s5.py::test_tiny_experiment_end_to_end",
     'pip install torch==2.13.0 && pip install -e ".[test]" && python -m pytest': ".ci/run",
-    't2mlr corpus tokenize "fineweb-edu/*.parquet" --tokenizer HuggingFaceTB/SmolLM2-135M --out data/fineweb '
-    "--workers 8": "tests/test_corpus_tokenize.py",
-    "t2mlr train smollm2_135m_13_18 --out runs/135m_13_18 data.source=shards data.path=data/fineweb":
+    't2mlr data tokenize "fineweb-edu/*.parquet" --tokenizer HuggingFaceTB/SmolLM2-135M --out data/fineweb '
+    "--workers 8": "tests/test_corpus_tokenize.py::test_data_tokenize_and_corpus_tokenize_are_one_command",
+    "t2mlr train smollm2_135m_13_18 --out runs/135m_13_18 data.path=data/fineweb":
         "tests/test_corpus_training.py::test_training_reads_shards_and_keeps_document_starts",
     "torchrun --nproc_per_node 8 -m t2mlr train smollm2_135m_13_18 --out runs/135m_13_18 --parallel fsdp":
         "tests/test_training_distributed.py::test_fsdp_two_ranks_match_single_process_across_resume",
@@ -70,6 +70,12 @@ COVERED_BY = {
     "pause:2,looped:full:2,looped:9-22:3,transformer":
         "tests/test_benchmarks.py::test_train_benchmark_compares_models_with_their_flop_ratio",
     "python benchmarks/text_corpus.py --out data/stdlib": "tests/test_benchmarks.py",
+    "t2mlr train smollm2_135m_15_16 --out runs/135m_15_16 data.path=data/fineweb data.tokenizer=HuggingFaceTB/SmolLM2-135M":
+        "tests/test_pretrain_presets.py::test_the_readme_training_line_loads_with_its_overrides",
+    "t2mlr eval zero-shot runs/135m_13_18/final runs/135m_baseline/final --out results/zero_shot --data-dir data/lm_eval":
+        "tests/test_zero_shot.py::test_local_copies_score_as_lm_eval_scores_the_same_data",
+    "apt-get install -y python3.11-doc && t2mlr experiment pretrain --preset cpu --out runs/pretrain":
+        "tests/test_experiment_pretrain.py::test_tiny_pipeline_writes_the_table_and_curves",
     "t2mlr train configs/overhead_cpu.yaml --out runs/overhead_cpu": "tests/test_training_config.py::test_every_preset_loads",
     "python benchmarks/train_overhead.py --checkpoint runs/overhead_cpu/checkpoints/step_00000400 "
     "--data data/stdlib/eval.jsonl --tokenizer data/stdlib/tokenizer --batch 8 --tol 1e-2": "tests/test_benchmarks.py",

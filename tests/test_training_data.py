@@ -111,26 +111,3 @@ def test_factory_source_passes_seq_len(tmp_path: Path) -> None:
     assert len(data) == 3 and data[0]["input_ids"].shape == (12,)
     with pytest.raises(ValueError, match="cannot be imported"):
         build_dataset(DataConfig(source="factory", factory="no.such:thing"))
-
-
-def test_token_file_marks_documents_after_eos(tmp_path: Path) -> None:
-    from t2mlr.training.data import write_token_file
-
-    path = tmp_path / "tokens.npy"
-    assert write_token_file([[5, 6, 7], [8, 0], [9, 10, 11, 12]], path, eos_token_id=0, chunk_tokens=3) == 11
-    data = build_dataset(DataConfig(source="tokens", path=str(path), eos_token_id=0, seq_len=4))
-    assert len(data) == 2
-    assert data[0]["input_ids"].tolist() == [5, 6, 7, 0]
-    assert data[1]["input_ids"].tolist() == [8, 0, 9, 10]
-    assert data[1]["position_ids"].tolist() == [0, 1, 0, 1]
-    assert data[1]["labels"].tolist() == [IGNORE_INDEX, 0, IGNORE_INDEX, 10]
-
-
-def test_tokenize_command_writes_a_token_stream(tmp_path: Path) -> None:
-    from t2mlr.training.commands import main
-
-    (tmp_path / "c.jsonl").write_text('{"input_ids": [3, 4]}\n{"input_ids": [5]}\n')
-    assert main(["tokenize", str(tmp_path / "c.jsonl"), str(tmp_path / "c.npy"), "--eos-token-id", "1"]) == 0
-    import numpy as np
-
-    assert np.load(tmp_path / "c.npy").tolist() == [3, 4, 1, 5, 1]

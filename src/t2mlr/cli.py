@@ -11,20 +11,26 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 # command -> (module whose `register` adds it, one-line help shown by `t2mlr --help`)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "data": ("t2mlr.tasks.commands", "generate the synthetic task datasets (S5-Retrieval, variable assignment, ProsQA-Hard)"),
+    "data": ("t2mlr.tasks.commands", "generate the synthetic task datasets (S5-Retrieval, variable assignment, ProsQA-Hard); tokenize corpora"),
     "train": ("t2mlr.training.commands", "train a model from a YAML config or preset"),
     "plot": ("t2mlr.training.commands", "plot a run's loss and fusion-gate curves"),
-    "tokenize": ("t2mlr.training.commands", "tokenize a jsonl corpus into one .npy token file (small corpora)"),
     "corpus": ("t2mlr.corpus.commands", "tokenize corpora (parquet/jsonl/txt) into resumable token shards; offline English corpus"),
     "generate": ("t2mlr.generation.commands", "generate text from a saved model (T²MLR or a baseline), streaming tokens"),
     "eval": ("t2mlr.evaluation.commands", "evaluate with lm-evaluation-harness (the t2mlr model registered)"),
     "params": ("t2mlr.experiments.parameter_counts", "parameter counts of T²MLR and its matched baselines"),
     "experiment": ("t2mlr.experiments.commands", "run a paper experiment end to end"),
     "analyze": ("t2mlr.analysis.commands", "the paper's analyses on your checkpoints: gradient fidelity, Jacobi vs exact training, probes, gates, placement"),
+}
+# Groups that gather subcommands from parts on one layer (neither may import the other): group ->
+# (module, function) pairs, each function adding its subcommands to the group's subparsers; the group's
+# `register` receives them as `joined`.
+JOINED_SUBCOMMANDS: dict[str, tuple[tuple[str, str], ...]] = {
+    "data": (("t2mlr.corpus.commands", "add_data_commands"),),
 }
 # Commands that load saved models also load every model type the library defines (the baselines register
 # theirs with the Auto classes when imported), so a saved baseline loads like a T²MLR model.
@@ -39,12 +45,20 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     modules = {module for module, _ in COMMANDS.values()} if command is None else {COMMANDS[command][0]}
     for module in sorted(modules):
-        importlib.import_module(module).register(subparsers)
+        importlib.import_module(module).register(subparsers, **_joined_into(module))
     registered = set(subparsers.choices)
     for name, (_, summary) in COMMANDS.items():
         if name not in registered:
             subparsers.add_parser(name, help=summary)
     return parser
+
+
+def _joined_into(module: str) -> dict[str, list[Callable[[Any], None]]]:
+    """`{"joined": [...]}` for a module whose group gathers other parts' subcommands, else `{}`."""
+    joined = [getattr(importlib.import_module(source), function)
+              for name, pairs in JOINED_SUBCOMMANDS.items() if COMMANDS[name][0] == module
+              for source, function in pairs]
+    return {"joined": joined} if joined else {}
 
 
 def _command_of(argv: Sequence[str]) -> str | None:

@@ -9,7 +9,7 @@
 CHECKPOINT is any model directory the trainer or save_pretrained wrote (a run's final/, one of its
 checkpoints/step_N, a retrofitted pretrained model, a saved baseline). FILE is data the trainer reads:
 a jsonl of text (tokenized with the checkpoint's tokenizer) or of input_ids, a shards directory from
-`t2mlr corpus tokenize`, or a .npy token stream (with --eos-token-id). CONFIG is a training config or
+`t2mlr data tokenize`. CONFIG is a training config or
 preset; the analyses that train derive every arm from it by overrides and train it with the project
 trainer into OUT/<arm>, so each arm checkpoints and resumes (--resume) like a `t2mlr train` run.
 
@@ -146,11 +146,11 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def _data_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data", required=True, help="jsonl file, shards directory or .npy token stream")
+    parser.add_argument("--data", required=True, help="jsonl file or shards directory (t2mlr data tokenize)")
     parser.add_argument("--seq-len", type=int, default=None,
                         help="tokens per row (default: the checkpoint's training seq_len, from its config.yaml)")
     parser.add_argument("--tokenizer", default=None, help="tokenizer for jsonl text (default: the checkpoint's)")
-    parser.add_argument("--eos-token-id", type=int, default=None, help="document separator of a .npy token stream")
+    parser.add_argument("--eos-token-id", type=int, default=None, help="end-of-text id of jsonl text lines (default: the tokenizer's)")
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda (default: auto)")
 
 

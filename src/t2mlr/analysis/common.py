@@ -6,7 +6,7 @@ A model directory is anything `save_pretrained` or the trainer wrote: a run's `f
 `checkpoints/step_N`, a retrofitted pretrained model, or a saved baseline. Data files are read by
 `t2mlr.training.data.build_dataset` from a `DataConfig`, so the analyses see exactly the rows training
 saw: a jsonl of text (tokenized with the model directory's tokenizer) or of token ids, a shards
-directory written by `t2mlr corpus tokenize`, or a `.npy` token stream.
+directory written by `t2mlr data tokenize`.
 """
 
 from __future__ import annotations
@@ -126,8 +126,7 @@ def saved_seq_len(model_dir: str | Path) -> int | None:
 
 def data_config_for(data: str | Path, model_dir: str | Path, seq_len: int | None = None,
                     tokenizer: str | None = None, eos_token_id: int | None = None) -> DataConfig:
-    """A `DataConfig` for a data path: a shards directory (it holds manifest.json), a `.npy` token
-    stream (needs `eos_token_id`) or a jsonl file (text lines use `tokenizer`, by default the model
+    """A `DataConfig` for a data path: a shards directory (it holds manifest.json) or a jsonl file (text lines use `tokenizer`, by default the model
     directory's own when it has one). `seq_len` defaults to the length the model was trained with."""
     path = Path(data)
     if seq_len is None:
@@ -141,16 +140,12 @@ def data_config_for(data: str | Path, model_dir: str | Path, seq_len: int | None
             raise ValueError(f"{path} is a directory without manifest.json: not a shards directory "
                              "(write one with `t2mlr corpus tokenize`)")
         return DataConfig(source="shards", path=str(path), seq_len=seq_len)
-    if path.suffix == ".npy":
-        if eos_token_id is None:
-            raise ValueError(f"{path} is a .npy token stream: pass --eos-token-id (the document separator)")
-        return DataConfig(source="tokens", path=str(path), seq_len=seq_len, eos_token_id=eos_token_id)
     if path.suffix in (".jsonl", ".json"):
         if tokenizer is None and any((Path(model_dir) / name).is_file() for name in TOKENIZER_FILES):
             tokenizer = str(model_dir)  # text lines need one; lines of input_ids do not
         return DataConfig(source="jsonl", path=str(path), seq_len=seq_len, tokenizer=tokenizer,
                           eos_token_id=eos_token_id)
-    raise ValueError(f"data {str(path)!r}: expected a jsonl file, a .npy token stream or a shards directory")
+    raise ValueError(f"data {str(path)!r}: expected a jsonl file or a shards directory (`t2mlr data tokenize`)")
 
 
 def read_rows(cfg: DataConfig, vocab_size: int, name: str = "--data") -> Any:

@@ -2,7 +2,8 @@
 English corpus that needs no hub.
 
 examples:
-  t2mlr corpus tokenize "data/*.parquet" --tokenizer HuggingFaceTB/SmolLM2-135M --out tokens/ --workers 8
+  t2mlr data tokenize "data/*.parquet" --tokenizer HuggingFaceTB/SmolLM2-135M --out tokens/ --workers 8
+  t2mlr corpus tokenize "data/*.parquet" ...        # the same command under the corpus group
   t2mlr corpus prepare-offline data/english --vocab 8192     # needs: apt-get install python3.11-doc dict-gcide
   t2mlr corpus train-tokenizer data/english/train.jsonl --out data/english/tokenizer --vocab 8192
 
@@ -21,7 +22,9 @@ from typing import Any
 
 from t2mlr.corpus.errors import CorpusError
 
-__all__ = ["main", "register"]
+__all__ = ["add_data_commands", "add_tokenize_parser", "main", "register"]
+
+TOKENIZE_HELP = "tokenize parquet/jsonl/txt files (or a hub dataset) into shards"
 
 
 def register(subparsers: Any) -> None:
@@ -29,19 +32,7 @@ def register(subparsers: Any) -> None:
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = corpus.add_subparsers(dest="corpus_command", required=True, metavar="COMMAND")
 
-    tok = commands.add_parser("tokenize", help="tokenize parquet/jsonl/txt files (or a hub dataset) into shards")
-    tok.add_argument("inputs", nargs="+", help="files, directories, globs (quote them) or a hub dataset id")
-    tok.add_argument("--tokenizer", required=True, help="tokenizer directory, tokenizer.json or hub id")
-    tok.add_argument("--out", required=True, help="output directory (an interrupted run there is resumed)")
-    tok.add_argument("--workers", type=int, default=1, help="tokenizing processes (0: in the main process)")
-    tok.add_argument("--text-field", default="text")
-    tok.add_argument("--txt-documents", choices=("file", "paragraph"), default="file",
-                     help="a .txt file is one document, or each blank-line-separated paragraph is")
-    tok.add_argument("--shard-tokens", type=int, default=None, help="tokens per shard (default 2**27)")
-    tok.add_argument("--max-documents", type=int, default=None)
-    tok.add_argument("--eos-token-id", type=int, default=None, help="default: the tokenizer's eos token")
-    tok.add_argument("--overwrite", action="store_true", help="start over instead of resuming")
-    tok.set_defaults(func=run_tokenize)
+    add_tokenize_parser(commands)
 
     prep = commands.add_parser("prepare-offline", help="English corpus from the python3.11-doc and dict-gcide packages")
     prep.add_argument("out")
@@ -59,8 +50,33 @@ def register(subparsers: Any) -> None:
     train.set_defaults(func=run_train_tokenizer)
 
 
+def add_tokenize_parser(commands: Any) -> argparse.ArgumentParser:
+    """Add `tokenize` to a group's subparsers: `t2mlr corpus tokenize` and `t2mlr data tokenize` are this
+    one parser and one handler (the CLI joins it into the `data` group, which lives in `t2mlr.tasks`)."""
+    tok = commands.add_parser("tokenize", help=TOKENIZE_HELP, description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    tok.add_argument("inputs", nargs="+", help="files, directories, globs (quote them) or a hub dataset id")
+    tok.add_argument("--tokenizer", required=True, help="tokenizer directory, tokenizer.json or hub id")
+    tok.add_argument("--out", required=True, help="output directory (an interrupted run there is resumed)")
+    tok.add_argument("--workers", type=int, default=1, help="tokenizing processes (0: in the main process)")
+    tok.add_argument("--text-field", default="text")
+    tok.add_argument("--txt-documents", choices=("file", "paragraph"), default="file",
+                     help="a .txt file is one document, or each blank-line-separated paragraph is")
+    tok.add_argument("--shard-tokens", type=int, default=None, help="tokens per shard (default 2**27)")
+    tok.add_argument("--max-documents", type=int, default=None)
+    tok.add_argument("--eos-token-id", type=int, default=None, help="default: the tokenizer's eos token")
+    tok.add_argument("--overwrite", action="store_true", help="start over instead of resuming")
+    tok.set_defaults(func=run_tokenize)
+    return tok
+
+
+def add_data_commands(data_commands: Any) -> None:
+    """The subcommands this part adds to the `data` group (`t2mlr data tokenize ...`)."""
+    add_tokenize_parser(data_commands)
+
+
 def _report_bad_input(err: CorpusError) -> int:
-    print(f"t2mlr corpus: {err}", file=sys.stderr)
+    print(f"t2mlr: {err}", file=sys.stderr)
     return 2
 
 

@@ -53,7 +53,7 @@ PARAM_PRESETS: dict[str, Callable[[], "T2MLRConfig"]] = {
     "s5-paper": _s5_config("paper"),
     "smollm2-135m": _smollm2_135m,
 }
-SHAPE_NAMES = ("smollm2-135m", "smollm2-360m")  # t2mlr.model.shapes.SHAPES, named here so --help needs no torch
+SHAPE_NAMES = ("smollm2-135m", "smollm2-360m", "smollm2-1b")  # t2mlr.model.shapes.SHAPES, named here so --help needs no torch
 
 
 def format_table(title: str, rows: list[tuple[str, int, int]], target: int) -> str:

@@ -50,6 +50,22 @@ def smollm2_360m_base_config(**overrides: Any) -> LlamaConfig:
     return smollm2_135m_base_config(**{**fields, **overrides})
 
 
+def smollm2_1b_base_config(**overrides: Any) -> LlamaConfig:
+    """The ~1B backbone of the paper's scaling table: SmolLM2-1.7B's layout (24 blocks, as many key-value
+    heads as heads, MLP 4 × hidden) at hidden 1536, 24 heads of 64, MLP 6144.
+
+    Why this shape: the paper does not print its 1B config; this one has exactly the 981.5M parameters
+    the paper gives for its 1B T²MLR (981,542,400 with the 49152-token tied vocabulary), as
+    SmolLM2-360M has exactly the 361.8M it gives at 361M; both counts are the backbone's, the fusion
+    not included. It has the 24 blocks that the paper's placement T²MLR(9,24) needs.
+    """
+    fields: dict[str, Any] = dict(
+        hidden_size=1536, intermediate_size=6144, num_hidden_layers=24, num_attention_heads=24,
+        num_key_value_heads=24, head_dim=64, initializer_range=0.02,
+    )
+    return smollm2_135m_base_config(**{**fields, **overrides})
+
+
 def smollm2_shaped_config(hidden: int = 576, **overrides: Any) -> LlamaConfig:
     """SmolLM2-135M's proportions at another width: heads of 64, 3:1 grouped-query attention where the
     head count allows it, MLP 8/3 × hidden. hidden=576 is exactly the 135M shape."""
@@ -64,6 +80,7 @@ def smollm2_shaped_config(hidden: int = 576, **overrides: Any) -> LlamaConfig:
 SHAPES: dict[str, Callable[..., LlamaConfig]] = {
     "smollm2-135m": smollm2_135m_base_config,
     "smollm2-360m": smollm2_360m_base_config,
+    "smollm2-1b": smollm2_1b_base_config,
 }
 
 

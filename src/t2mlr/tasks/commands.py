@@ -186,13 +186,19 @@ def _add_prosqa(sub: Any) -> None:
     p.set_defaults(func=_run_prosqa)
 
 
-def register(subparsers: Any) -> argparse.ArgumentParser:
-    """Add the ``data`` command (with its task subcommands) to a main CLI's subparsers."""
-    data = subparsers.add_parser("data", help="generate synthetic task datasets")
-    sub = data.add_subparsers(dest="data_command", required=True, metavar="TASK")
+def register(subparsers: Any, joined: Sequence[Callable[[Any], None]] = ()) -> argparse.ArgumentParser:
+    """Add the ``data`` command (with its task subcommands) to a main CLI's subparsers.
+
+    ``joined``: functions of other parts on this layer that add their own subcommands to the group (the
+    CLI passes ``t2mlr.corpus``'s ``tokenize``), so the group gathers them without a sideways import.
+    """
+    data = subparsers.add_parser("data", help="generate synthetic task datasets; tokenize corpora")
+    sub = data.add_subparsers(dest="data_command", required=True, metavar="COMMAND")
     _add_s5(sub)
     _add_variable_assignment(sub)
     _add_prosqa(sub)
+    for add_subcommands in joined:
+        add_subcommands(sub)
     return data
 
 

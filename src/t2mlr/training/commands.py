@@ -1,4 +1,4 @@
-"""The `train`, `plot` and `tokenize` commands (each part of the library registers its own commands
+"""The `train` and `plot` commands (each part of the library registers its own commands
 into the `t2mlr` parser with `register`). Handlers return the exit code their help documents."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ checkpoint is kept), 2 bad input (config, data, checkpoint, or a resume that wou
 
 
 def register(subparsers: Any) -> None:
-    """Add `train`, `plot` and `tokenize` to an `argparse` subparsers object; each sets `func` to its handler."""
+    """Add `train` and `plot` to an `argparse` subparsers object; each sets `func` to its handler."""
     train = subparsers.add_parser("train", help="train a model from a YAML config or preset",
                                   description=TRAIN_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     train.add_argument("config", help="YAML config path or preset name (configs/<name>.yaml)")
@@ -63,18 +63,6 @@ def register(subparsers: Any) -> None:
     plot.add_argument("run_dir", help="run directory holding metrics.jsonl")
     plot.add_argument("--out", default=None, help="PNG path (default: RUN_DIR/curves.png)")
     plot.set_defaults(func=run_plot)
-    register_tokenize(subparsers)
-
-
-def register_tokenize(subparsers: Any) -> None:
-    """`tokenize IN.jsonl OUT.npy --tokenizer T`: pre-tokenize a corpus for `data.source: tokens`."""
-    tok = subparsers.add_parser("tokenize", help="tokenize a jsonl corpus into a .npy token stream")
-    tok.add_argument("jsonl", help="lines of {\"text\": ...} or {\"input_ids\": [...]}")
-    tok.add_argument("output", help=".npy file to write")
-    tok.add_argument("--tokenizer", default=None, help="tokenizer path or hub id (needed for text lines)")
-    tok.add_argument("--eos-token-id", type=int, default=None, help="document separator (default: tokenizer's eos)")
-    tok.add_argument("--text-field", default="text")
-    tok.set_defaults(func=run_tokenize)
 
 
 def _accept_trailing_overrides(parser: argparse.ArgumentParser) -> None:
@@ -154,34 +142,6 @@ def torch_set_threads(choice: tuple[int, str]) -> None:
     threads, why = choice
     torch.set_num_threads(threads)
     print(f"t2mlr train: {threads} torch CPU thread(s) ({why})", file=sys.stderr)
-
-
-def run_tokenize(args: argparse.Namespace) -> int:
-    """Exit 0 with the token count printed; 2 with a one-line message on bad input (nothing is left behind)."""
-    from t2mlr.training.data import (
-        TOKEN_FILE_LIMIT,
-        DataError,
-        read_jsonl_documents,
-        write_token_file,
-    )
-    from t2mlr.utils import TokenizerNotFoundError, load_tokenizer
-
-    try:
-        tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
-        eos = args.eos_token_id if args.eos_token_id is not None else getattr(tokenizer, "eos_token_id", None)
-        if eos is None:
-            raise DataError("no EOS id: pass --eos-token-id or a tokenizer with an eos token")
-        docs = read_jsonl_documents(args.jsonl, tokenizer, args.text_field, append_eos=True, eos_token_id=eos,
-                                    vocab_size=TOKEN_FILE_LIMIT)
-        count = write_token_file(docs, args.output, eos)
-    except (DataError, TokenizerNotFoundError) as err:
-        print(f"t2mlr tokenize: {err}", file=sys.stderr)
-        return 2
-    except ValueError as err:  # write_token_file's check of --eos-token-id
-        print(f"t2mlr tokenize: {err}", file=sys.stderr)
-        return 2
-    print(f"{args.output}: {count} tokens, documents separated by {eos}")
-    return 0
 
 
 def run_plot(args: argparse.Namespace) -> int:

@@ -126,15 +126,14 @@ class DataConfig:
     """Where training sequences come from.
 
     source: "jsonl" (a file of {"input_ids": [...]} or {"text": ...} lines, packed to seq_len),
-    "tokens" (a memory-mapped .npy token stream, documents separated by eos_token_id),
-    "shards" (a directory written by `t2mlr corpus tokenize`: memory-mapped shards with an index of
+    "shards" (a directory written by `t2mlr data tokenize`: memory-mapped shards with an index of
     document boundaries and a manifest; pretraining scale),
     "synthetic" (built-in learnable sequences, for smoke runs and tests), or "factory"
     (`factory: "package.module:function"` called with `kwargs`, returning a map-style Dataset).
     eos_token_id overrides the tokenizer's end-of-text id (needed for a bare tokenizer.json).
     """
 
-    source: Literal["jsonl", "tokens", "shards", "synthetic", "factory"] = "jsonl"
+    source: Literal["jsonl", "shards", "synthetic", "factory"] = "jsonl"
     path: str | None = None
     tokenizer: str | None = None
     seq_len: int = 2048
@@ -503,10 +502,8 @@ def _validate_data(d: DataConfig, where: str) -> None:
 
     if d.seq_len < 2:
         raise ConfigError(f"{where}.seq_len must be >= 2, got {d.seq_len}")
-    if d.source in ("jsonl", "tokens", "shards") and not d.path:
+    if d.source in ("jsonl", "shards") and not d.path:
         raise ConfigError(f"{where}.source={d.source} needs {where}.path")
-    if d.source == "tokens" and d.eos_token_id is None:
-        raise ConfigError(f"{where}.source=tokens needs {where}.eos_token_id (the document separator)")
     if d.source == "factory" and (not d.factory or ":" not in d.factory):
         raise ConfigError(f"{where}.source=factory needs {where}.factory = 'package.module:function'")
     if d.source in ("synthetic", "factory"):

@@ -20,7 +20,7 @@ Bad data fail before any training step, with a `DataError` (a ValueError) that n
 1-based line and the field: a missing or empty file, invalid JSON, a line with neither the ids nor the
 text field, ids that are not integers, a text line without a tokenizer. Given the model's vocabulary
 size (read from its config before the model is built), `build_dataset` also checks every token id
-against [0, vocab_size): jsonl lines as they are read, `.npy` streams in one chunked scan, datasets
+against [0, vocab_size): jsonl lines as they are read, token shards in one chunked scan, datasets
 that make rows on demand on a sample of rows (`check_token_range`).
 
 Sampling is a pure function of (seed, step): the position in the data stream is just the number of
@@ -33,7 +33,6 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
-import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,93 +144,6 @@ class PackedTokenDataset(Dataset):
         return {"input_ids": ids, "position_ids": positions, "labels": labels}
 
 
-class TokenFileDataset(PackedTokenDataset):
-    """A pre-tokenized token stream in a `.npy` file (memory-mapped), documents separated by EOS.
-
-    For pretraining-scale data: nothing is loaded up front. A token directly after `eos_token_id`
-    starts a new document. Produce the file with `write_token_file` (or `python -m t2mlr.training
-    tokenize`).
-    """
-
-    def __init__(self, path: str | Path, seq_len: int, eos_token_id: int) -> None:
-        file = _existing_data_file(path, "data.path")
-        try:
-            tokens = np.load(file, mmap_mode="r")
-        except (ValueError, OSError) as err:  # numpy's words for "not a .npy array file"
-            raise DataError(f"not a .npy token array ({err}); write one with `python -m t2mlr.training tokenize`",
-                            file) from err
-        if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
-            raise DataError(f"expected a 1-D array of integer token ids, got shape {tokens.shape} of {tokens.dtype}",
-                            file)
-        self.eos_token_id = eos_token_id
-        super().__init__(tokens, np.zeros(0, dtype=bool), seq_len, source=str(file))
-
-    def _starts(self, lo: int, hi: int) -> np.ndarray:
-        starts = np.zeros(hi - lo, dtype=bool)  # starts[0] is set by the caller (every row starts a document)
-        starts[1:] = np.asarray(self.tokens[lo : hi - 1]) == self.eos_token_id
-        return starts
-
-
-TOKEN_FILE_LIMIT = 2**32  # token files hold uint16 or uint32 ids
-
-
-def write_token_file(
-    documents: Iterable[Sequence[int]], path: str | Path, eos_token_id: int, chunk_tokens: int = 1 << 24,
-) -> int:
-    """Concatenate documents, each closed by EOS unless it already ends with it, into a `.npy` stream.
-
-    Streams through a temporary raw file, so memory stays bounded by `chunk_tokens` at corpus scale.
-    Returns the number of tokens written; uint16 when the ids fit (SmolLM2's 49152-token vocabulary
-    does), else uint32. The `.npy` appears only when complete (written beside it, then renamed), and
-    the temporary files are removed whatever goes wrong, including an error in `documents`.
-    """
-    if not 0 <= eos_token_id < TOKEN_FILE_LIMIT:
-        raise ValueError(f"the EOS id must lie in [0, 2**32), got {eos_token_id}")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    raw = path.with_name(path.name + ".raw.tmp")
-    partial = path.with_name(path.name + ".partial.tmp")
-    try:
-        count, largest = _write_raw_tokens(documents, raw, eos_token_id, chunk_tokens)
-        if count == 0:
-            raise ValueError("no documents to write")
-        source = np.memmap(raw, dtype=np.uint32, mode="r", shape=(count,))
-        dtype = np.uint16 if largest < 2**16 else np.uint32
-        target = np.lib.format.open_memmap(partial, mode="w+", dtype=dtype, shape=(count,))
-        for lo in range(0, count, chunk_tokens):
-            target[lo : lo + chunk_tokens] = source[lo : lo + chunk_tokens]
-        target.flush()
-        del target, source
-        os.replace(partial, path)
-    finally:
-        raw.unlink(missing_ok=True)
-        partial.unlink(missing_ok=True)
-    return count
-
-
-def _write_raw_tokens(documents: Iterable[Sequence[int]], raw: Path, eos_token_id: int,
-                      chunk_tokens: int) -> tuple[int, int]:
-    """Documents as uint32 tokens into `raw`, each closed by EOS; returns (token count, largest id)."""
-    count, largest, buffered, buffer = 0, 0, 0, []
-    with open(raw, "wb") as handle:
-        for number, doc in enumerate(documents, 1):
-            arr = np.asarray(doc, dtype=np.int64)
-            if arr.size == 0:
-                continue
-            if arr.min() < 0 or arr.max() >= TOKEN_FILE_LIMIT:
-                raise ValueError(f"document {number}: token ids must lie in [0, 2**32)")
-            if arr[-1] != eos_token_id:
-                arr = np.append(arr, eos_token_id)
-            buffer.append(arr.astype(np.uint32))
-            count, buffered, largest = count + arr.size, buffered + arr.size, max(largest, int(arr.max()))
-            if buffered >= chunk_tokens:
-                np.concatenate(buffer).tofile(handle)
-                buffer, buffered = [], 0
-        if buffer:
-            np.concatenate(buffer).tofile(handle)
-    return count, largest
-
-
 def pack_documents(documents: Iterable[Sequence[int]], seq_len: int, source: str | None = None) -> PackedTokenDataset:
     """Concatenate token documents (empty ones skipped) into a `PackedTokenDataset`."""
     token_parts: list[np.ndarray] = []
@@ -320,7 +232,7 @@ def _line_tokens(record: dict[str, Any], tokenizer: Any | None, fields: _JsonlFi
         if tokenizer is None:
             raise DataError(
                 f"field {fields.text_field!r} holds text but no tokenizer was given (set data.tokenizer in a "
-                f"training config, --tokenizer for tokenize), or give token ids in field {fields.ids_field!r}",
+                f"training config), or give token ids in field {fields.ids_field!r}",
                 file, line_no)
         ids = _tokenize_text(text, tokenizer, fields.eos_token_id)
         what = f"the tokenizer's ids for field {fields.text_field!r}"
@@ -366,7 +278,7 @@ def check_token_range(dataset: Dataset, vocab_size: int, sample_rows: int = DEFA
 
     Why before the model is built: an id past the embedding table otherwise fails only at the first
     training step, as an index error deep inside the embedding, after the model was built. Packed token
-    streams (jsonl and `.npy` data) are scanned in full, in chunks (`.npy` files are memory-mapped);
+    streams (jsonl data) are scanned in full, in chunks;
     any other dataset (a factory's rows made on demand) is checked on `sample_rows` rows spread evenly
     over it, inputs and labels both. `name` says which data it is (e.g. `eval.data`) in the message.
     """
@@ -480,7 +392,7 @@ def build_dataset(cfg: DataConfig, vocab_size: int | None = None, sample_rows: i
     Bad data raise a `DataError` here, before any training: a missing or empty file, a bad jsonl line
     (file and line named). With `vocab_size` (the model's, read from its config before the model is
     built) every token id is also checked against [0, vocab_size): jsonl lines as they are read (file
-    and line named), `.npy` streams in a full chunked scan, other datasets on `sample_rows` rows
+    and line named), token shards by their dtype or a full chunked scan, other datasets on `sample_rows` rows
     (`check_token_range`); the pad and end-of-text ids too. `name` is the config section (`data`,
     `eval.data`) the messages name.
     """
@@ -494,12 +406,8 @@ def build_dataset(cfg: DataConfig, vocab_size: int | None = None, sample_rows: i
         docs = read_jsonl_documents(file, tokenizer, cfg.text_field, cfg.ids_field, cfg.append_eos,
                                     cfg.eos_token_id, vocab_size)
         return pack_documents(docs, cfg.seq_len, source=str(file))
-    if cfg.source == "tokens":
-        if cfg.eos_token_id is None:
-            raise ValueError(f"{name}.source=tokens needs {name}.eos_token_id (the document separator)")
-        dataset: Dataset = TokenFileDataset(_existing_data_file(cfg.path, f"{name}.path"), cfg.seq_len,
-                                            cfg.eos_token_id)
-    elif cfg.source == "shards":
+    dataset: Dataset
+    if cfg.source == "shards":
         from t2mlr.corpus.dataset import ShardedTokenDataset
         from t2mlr.corpus.errors import CorpusError
 
