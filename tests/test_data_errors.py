@@ -19,6 +19,7 @@ from t2mlr.training.data import (
     read_jsonl_documents,
 )
 
+
 def _jsonl(path: Path, lines: list[str]) -> Path:
     path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     return path
