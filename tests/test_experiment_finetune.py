@@ -275,3 +275,25 @@ def test_paper_preset_configs_are_valid(task: str) -> None:
         assert cfg.train.max_steps == preset.steps and cfg.optim.lr == preset.lr
     assert sections["t2mlr:13-18"]["train_recurrence"] == "jacobi"
     assert len(tokenizer) > 4
+
+
+def test_retrofit_of_one_pretrained_model(tmp_path: Path) -> None:
+    """Every arm starts from one saved Llama (T²MLR wraps it, the Transformer arm is the model itself)."""
+    from t2mlr.experiments.finetune_presets import get_preset
+
+    preset = get_preset("tiny", "variable-assignment")
+    train, evaluation, _ = load_task_data("variable-assignment", preset.task_settings, 64, 16, 0)
+    tokenizer = build_task_tokenizer([r["prompt"] + r["target"] for r in train + evaluation])
+    model = _tiny_lm(len(tokenizer))
+    model.config.num_hidden_layers = 1
+    pretrained = tmp_path / "pretrained"
+    model.save_pretrained(pretrained)
+    tokenizer.save_pretrained(pretrained)
+    out = tmp_path / "run"
+    assert _run(["variable-assignment", "--out", str(out), "--eval-size", "4", "--arms", "t2mlr:1-1,transformer",
+                 "--retrofit", str(pretrained)]) == 0
+    payload = json.loads((out / "results.json").read_text())
+    params = {r["arm"]: r["parameters"] for r in payload["results"]}
+    assert params["transformer"] == sum(p.numel() for p in model.parameters())
+    assert params["t2mlr:1-1"] > params["transformer"]  # the fusion's parameters on top of the same model
+    assert payload["results"][0]["start"] == f"retrofit of {pretrained}"
