@@ -26,7 +26,7 @@ def plot_pass_at_1(bars: Bars, path: str | Path, title: str = "Reasoning finetun
     tasks = list(bars)
     arms = list(dict.fromkeys(arm for task in tasks for arm in bars[task]))
     width = 0.8 / max(1, len(arms))
-    fig, ax = plt.subplots(figsize=(2.2 + 1.6 * len(tasks) + 0.3 * len(arms), 3.6))
+    fig, ax = plt.subplots(figsize=(3.4 + 1.6 * len(tasks) + 0.3 * len(arms), 3.6))
     for j, arm in enumerate(arms):
         xs, heights, lows, highs = [], [], [], []
         for i, task in enumerate(tasks):
@@ -46,7 +46,7 @@ def plot_pass_at_1(bars: Bars, path: str | Path, title: str = "Reasoning finetun
     ax.set_ylabel("pass@1")
     ax.set_ylim(0, 1.05)
     ax.grid(axis="y", alpha=0.3, zorder=0)
-    ax.set_title(title)
+    ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     path = Path(path)

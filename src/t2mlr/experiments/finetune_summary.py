@@ -53,9 +53,10 @@ def _task_table(runs: list[dict[str, Any]]) -> list[str]:
 def write_summary(runs: list[Path], out: Path) -> dict[str, list[dict[str, Any]]]:
     """Write OUT/results.md, OUT/results.json, OUT/pass_at_1.png and the runs' files; return runs by task."""
     loaded = [(run, _load(run)) for run in runs]
-    by_task: dict[str, list[dict[str, Any]]] = {}
-    for _, payload in loaded:
-        by_task.setdefault(payload["label"], []).append(payload)
+    by_key: dict[tuple[str, str | None], list[dict[str, Any]]] = {}
+    for _, payload in loaded:  # grouped by task (and GSM variant); the first run's label names the group
+        by_key.setdefault((payload["task"], payload.get("variant")), []).append(payload)
+    by_task = {runs[0]["label"]: runs for runs in by_key.values()}
     out.mkdir(parents=True, exist_ok=True)
     for run, payload in loaded:
         target = out / f"{payload['task']}_seed{payload['preset']['seed']}"
@@ -80,5 +81,5 @@ def write_summary(runs: list[Path], out: Path) -> dict[str, list[dict[str, Any]]
         for run in task_runs:
             for arm in run["results"]:
                 bars[label].setdefault(arm["label"], []).append((arm["pass_at_1"], *arm["interval"]))
-    plot_pass_at_1(bars, out / FIGURE, title="Reasoning finetunes (pass@1, 95% intervals, seeds as dots)")
+    plot_pass_at_1(bars, out / FIGURE, title="Reasoning finetunes: pass@1, 95% intervals, dots = seeds")
     return by_task
