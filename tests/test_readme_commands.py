@@ -37,6 +37,16 @@ TINY = {
         "t2mlr data variable-assignment --depth 5 --out data/va --size 20 --eval-size 5",
     "t2mlr data prosqa-hard --out data/prosqa":
         "t2mlr data prosqa-hard --out data/prosqa --train-size 10 --eval-size 3",
+    "t2mlr experiment finetune variable-assignment --preset cpu --out runs/ft_va":
+        "t2mlr experiment finetune variable-assignment --preset tiny --out runs/ft_va --workers 1",
+    "t2mlr experiment finetune prosqa-hard --preset cpu --out runs/ft_prosqa":
+        "t2mlr experiment finetune prosqa-hard --preset tiny --out runs/ft_prosqa --workers 1",
+    "t2mlr experiment finetune variable-assignment --preset cpu --arms t2mlr:2-3,t2mlr:1-4,transformer,looped:2-3:2,"
+    "pause:2 --out runs/ft_va_arms":
+        "t2mlr experiment finetune variable-assignment --preset tiny --arms t2mlr:1-2,transformer,looped:1-2:2,pause:2 "
+        "--out runs/ft_va_arms --workers 1",
+    "t2mlr experiment finetune-summary runs/ft_va runs/ft_prosqa --out runs/ft_summary":
+        "t2mlr experiment finetune-summary runs/ft_va runs/ft_prosqa --out runs/ft_summary",
 }
 
 # Run at a tiny scale by these tests (they take longer, or need torchrun or the corpus fixtures).
@@ -77,6 +87,10 @@ COVERED_BY = {
     "apt-get install -y python3.11-doc && t2mlr experiment pretrain --preset cpu --out runs/pretrain":
         "tests/test_experiment_pretrain.py::test_tiny_pipeline_writes_the_table_and_curves",
     "t2mlr train configs/overhead_cpu.yaml --out runs/overhead_cpu": "tests/test_training_config.py::test_every_preset_loads",
+    "t2mlr experiment finetune gsm-aug --preset paper --variant nl --data whynlp/gsm8k-aug-nl --from runs/pretrained "
+    "--out runs/ft_gsm_nl": "tests/test_experiment_finetune.py::test_miniature_run_writes_results_that_rescore",
+    "t2mlr experiment finetune hotpotqa --preset paper --data data/hotpotqa_cot --from runs/pretrained "
+    "--out runs/ft_hotpotqa": "tests/test_experiment_finetune.py::test_from_checkpoints_and_summary",
     "python benchmarks/train_overhead.py --checkpoint runs/overhead_cpu/checkpoints/step_00000400 "
     "--data data/stdlib/eval.jsonl --tokenizer data/stdlib/tokenizer --batch 8 --tol 1e-2": "tests/test_benchmarks.py",
     # the documented analyses (results/analyses/): each command at a tiny scale on a tiny checkpoint or config
@@ -147,3 +161,4 @@ def test_readme_commands_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert (tmp_path / "runs" / "debug" / "curves.png").is_file()
     assert (tmp_path / "runs" / "debug_resumed" / "final" / "model.safetensors").is_file()
     assert (tmp_path / "data" / "prosqa" / "eval.jsonl").is_file()
+    assert (tmp_path / "runs" / "ft_summary" / "pass_at_1.png").is_file()

@@ -29,8 +29,11 @@ from typing import Any, NamedTuple
 __all__ = [
     "S5Score",
     "aggregate_s5_by_n",
+    "extract_boxed_answer",
     "extract_gsm_answer",
     "gsm_exact_match",
+    "qa_exact_match",
+    "qa_token_f1",
     "normalize_answer",
     "score_s5_prediction",
     "score_s5_predictions",
@@ -151,3 +154,62 @@ def gsm_exact_match(prediction: str, answer: str) -> bool:
         return True
     da, db = _as_decimal(a), _as_decimal(b)
     return da is not None and db is not None and da == db
+
+
+# ---------------------------------------------------------------------------------------------- HotpotQA
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCTUATION = re.compile(r"[^\w\s]")
+
+
+def _balanced_braces(text: str, start: int) -> str | None:
+    """The text inside the brace group opening at ``text[start] == "{"``; None when it never closes."""
+    depth = 0
+    for i in range(start, len(text)):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[start + 1 : i]
+    return None
+
+
+def extract_boxed_answer(text: str) -> str | None:
+    """The answer of a chain-of-thought QA output: the last ``\\boxed{...}`` (nested braces kept), else the
+    text after the last ``####`` (the project's CoT target format), else None. Stripped; empty is None."""
+    position = text.rfind("\\boxed{")
+    if position >= 0:
+        inside = _balanced_braces(text, position + len("\\boxed"))
+        if inside is not None and inside.strip():
+            return inside.strip()
+        return None
+    if "####" in text:
+        tail = text.rsplit("####", 1)[1].strip()
+        return tail.splitlines()[0].strip() if tail else None
+    return None
+
+
+def normalize_qa_answer(text: str) -> str:
+    """Lower case, punctuation and the articles a/an/the removed, whitespace collapsed (HotpotQA's rule)."""
+    text = _PUNCTUATION.sub(" ", text.lower())
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def qa_exact_match(predicted: str | None, gold: str) -> bool:
+    """Normalised answers equal (a missing prediction is wrong)."""
+    return predicted is not None and normalize_qa_answer(predicted) == normalize_qa_answer(gold)
+
+
+def qa_token_f1(predicted: str | None, gold: str) -> float:
+    """F1 of the normalised answers' word multisets (0 for a missing or empty prediction)."""
+    if predicted is None:
+        return 0.0
+    pred, ref = normalize_qa_answer(predicted).split(), normalize_qa_answer(gold).split()
+    if not pred or not ref:
+        return float(pred == ref)
+    common = sum(min(pred.count(w), ref.count(w)) for w in set(pred))
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(pred), common / len(ref)
+    return 2 * precision * recall / (precision + recall)

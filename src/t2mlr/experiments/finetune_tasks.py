@@ -1,0 +1,196 @@
+"""The tasks of the reasoning finetunes: where their data come from and how an output is scored.
+
+Every task yields records with ``prompt`` (the text the model is given), ``target`` (the supervised
+continuation: the answer or chain of thought) and ``answer`` (the gold answer), plus what its scorer needs:
+
+* ``variable-assignment``: generated (``t2mlr.tasks.variable_assignment``); pass@1 = the first generated
+  token is the queried digit.
+* ``prosqa-hard``: generated (``t2mlr.tasks.prosqa``); pass@1 = the generated steps are a valid path in the
+  sample's graph from the root to the correct option (the task's path checker); the record keeps the graph.
+* ``gsm-aug``: GSM8K-Aug (question/steps/answer, symbolic or natural-language variant) from a local file or
+  directory, or the published hub set; pass@1 = the number after the answer marker ``####`` equals the answer.
+* ``hotpotqa``: chain-of-thought HotpotQA (question/steps/answer, optional context) from a local file or
+  directory; pass@1 = exact match of the boxed answer (``\\boxed{...}``, else the text after ``####``) after
+  HotpotQA's normalisation; token F1 is reported too.
+
+Held-out evaluation: generated tasks draw training and evaluation from separate seeded streams; a data
+directory gives ``train.jsonl`` and ``test.jsonl`` (or ``eval.jsonl``); a single file is split, its last
+``eval_size`` distinct questions held out. Evaluation records whose prompt also occurs in training are
+dropped in every case, so no evaluation problem is ever trained on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from t2mlr.tasks.jsonl import read_jsonl
+from t2mlr.tasks.loaders import GSM_AUG_HUB, load_gsm_aug, normalise_cot_record
+from t2mlr.tasks.prosqa import check_answer, check_path, generate_prosqa_hard
+from t2mlr.tasks.scoring import (
+    extract_boxed_answer,
+    extract_gsm_answer,
+    gsm_exact_match,
+    qa_exact_match,
+    qa_token_f1,
+    variable_assignment_exact_match,
+)
+from t2mlr.tasks.variable_assignment import HEADER as VA_HEADER
+from t2mlr.tasks.variable_assignment import generate_variable_assignment
+
+__all__ = ["TASKS", "Scored", "TaskSpec", "get_task", "load_task_data", "score_output"]
+
+TASK_NAMES = ("variable-assignment", "prosqa-hard", "gsm-aug", "hotpotqa")
+GSM_VARIANTS = tuple(GSM_AUG_HUB)
+PROSQA_FIELDS = ("entity", "root", "correct", "edges")  # what the path checker reads from a record
+
+
+@dataclass(frozen=True)
+class Scored:
+    """One output scored: the extracted answer (None: none found), whether it counts for pass@1, and any
+    further per-task numbers (HotpotQA: token F1; ProsQA: whether the final answer names the right option)."""
+
+    extracted: str | None
+    correct: bool
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """A task's name, label, scorer and the extra record fields its scorer needs."""
+
+    name: str
+    label: str
+    score: Callable[[Mapping[str, Any], str], Scored]
+    needs_data: bool = False
+    checker_fields: tuple[str, ...] = ()
+    phrases: tuple[str, ...] = ()  # multi-character symbols of a from-scratch word tokenizer
+    syllables: bool = False  # add consonant-vowel pairs (ProsQA's made-up concept names)
+
+
+def _score_variable_assignment(record: Mapping[str, Any], text: str) -> Scored:
+    stripped = text.strip().lstrip("|").strip()
+    extracted = stripped.split()[0] if stripped else None
+    return Scored(extracted, variable_assignment_exact_match(text, str(record["answer"])))
+
+
+def _score_prosqa(record: Mapping[str, Any], text: str) -> Scored:
+    answer = text.rsplit("###", 1)[1].strip() if "###" in text else None
+    return Scored(answer or None, check_path(record, text), {"answer_correct": float(check_answer(record, text))})
+
+
+def _score_gsm(record: Mapping[str, Any], text: str) -> Scored:
+    return Scored(extract_gsm_answer(text), gsm_exact_match(text, str(record["answer"])))
+
+
+def _score_hotpotqa(record: Mapping[str, Any], text: str) -> Scored:
+    extracted = extract_boxed_answer(text)
+    gold = str(record["answer"])
+    return Scored(extracted, qa_exact_match(extracted, gold), {"f1": qa_token_f1(extracted, gold)})
+
+
+TASKS: dict[str, TaskSpec] = {
+    "variable-assignment": TaskSpec(
+        "variable-assignment", "Variable assignment (depth 5)", _score_variable_assignment,
+        phrases=(VA_HEADER, "=___", "Answer: |"),
+    ),
+    "prosqa-hard": TaskSpec(
+        "prosqa-hard", "ProsQA-Hard", _score_prosqa, checker_fields=PROSQA_FIELDS,
+        phrases=("Every ", " is a ", " is an ", "Is ", " or a ", ". ", "### "), syllables=True,
+    ),
+    "gsm-aug": TaskSpec("gsm-aug", "GSM-Aug", _score_gsm, needs_data=True, phrases=("#### ", "<<", ">>")),
+    "hotpotqa": TaskSpec("hotpotqa", "HotpotQA (CoT)", _score_hotpotqa, needs_data=True,
+                         phrases=("#### ", "\nContext:\n", "Document ")),
+}
+
+
+def get_task(name: str) -> TaskSpec:
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; tasks are {', '.join(TASKS)}")
+    return TASKS[name]
+
+
+def score_output(task: str, record: Mapping[str, Any], text: str) -> Scored:
+    """Score one generated text against its record (the same call re-scores a predictions file)."""
+    return get_task(task).score(record, text)
+
+
+def task_label(task: str, variant: str | None) -> str:
+    label = get_task(task).label
+    return f"{label} ({'natural language' if variant == 'nl' else 'symbolic'})" if task == "gsm-aug" else label
+
+
+# ---------------------------------------------------------------------------------------------- data
+
+
+def _generated(task: str, settings: Mapping[str, Any], size: int, seed: int, stream: str) -> list[dict[str, Any]]:
+    if task == "variable-assignment":
+        rows = generate_variable_assignment(size, seed=seed, stream=stream, **settings)
+        return [{k: r[k] for k in ("prompt", "target", "answer")} for r in rows]
+    kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in settings.items()}
+    rows = generate_prosqa_hard(size, seed=seed, stream=stream, **kwargs)
+    return [{k: r[k] for k in ("prompt", "target", "answer", *PROSQA_FIELDS)} for r in rows]
+
+
+def _split_file(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """Raw train and test records of a data directory (train.jsonl + test.jsonl/eval.jsonl) or one file."""
+    if path.is_dir():
+        train = path / "train.jsonl"
+        test = next((path / n for n in ("test.jsonl", "eval.jsonl") if (path / n).is_file()), None)
+        if not train.is_file() or test is None:
+            raise ValueError(f"data directory {path} must hold train.jsonl and test.jsonl (or eval.jsonl)")
+        return read_jsonl(train), read_jsonl(test)
+    if not path.is_file():
+        raise ValueError(f"data {str(path)!r} is neither a local file or directory nor a published hub set")
+    return read_jsonl(path), None
+
+
+def _normalised(records: list[dict[str, Any]], source: str) -> list[dict[str, str]]:
+    return [normalise_cot_record(r, f"{source} record {i}") for i, r in enumerate(records)]
+
+
+def _from_data(task: str, data: str | None, variant: str | None, eval_size: int) -> tuple[list, list]:
+    if data is None:
+        raise ValueError(f"task {task} needs --data (a local .jsonl file or directory"
+                         + (f", or the hub set {GSM_AUG_HUB[variant or 'symbolic']}" if task == "gsm-aug" else "") + ")")
+    if task == "gsm-aug" and data in GSM_AUG_HUB.values() and not Path(data).exists():
+        if data != GSM_AUG_HUB[variant or "symbolic"]:
+            raise ValueError(f"--data {data} is the {'nl' if data.endswith('nl') else 'symbolic'} set but --variant "
+                             f"is {variant!r}")
+        return load_gsm_aug(split="train", variant=variant), load_gsm_aug(split="test", variant=variant)
+    train_raw, test_raw = _split_file(Path(data))
+    train = _normalised(train_raw, f"{data} (train)")
+    if test_raw is not None:
+        return train, _normalised(test_raw, f"{data} (test)")
+    distinct = list({r["prompt"]: r for r in train}.values())
+    if len(distinct) <= eval_size:
+        raise ValueError(f"{data} has {len(distinct)} distinct questions: too few to hold out {eval_size} for evaluation")
+    held = {r["prompt"] for r in distinct[-eval_size:]}
+    return [r for r in train if r["prompt"] not in held], distinct[-eval_size:]
+
+
+def load_task_data(
+    task: str, settings: Mapping[str, Any], train_size: int, eval_size: int, seed: int,
+    data: str | None = None, variant: str | None = None,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
+    """Training records, held-out evaluation records (at most `eval_size`) and how many evaluation records
+    were dropped because their prompt occurs in training."""
+    spec = get_task(task)
+    if spec.needs_data:
+        if task == "gsm-aug" and variant not in GSM_VARIANTS:
+            raise ValueError(f"--variant must be one of {GSM_VARIANTS} for gsm-aug, got {variant!r}")
+        train, evaluation = _from_data(task, data, variant, eval_size)
+        train = train[:train_size] if train_size else train
+    else:
+        if data is not None:
+            raise ValueError(f"task {task} generates its own data; --data is for gsm-aug and hotpotqa")
+        train = _generated(task, settings, train_size, seed, "train")
+        evaluation = _generated(task, settings, eval_size, seed, "eval")
+    seen = {r["prompt"] for r in train}
+    unseen = [r for r in evaluation if r["prompt"] not in seen]
+    kept = unseen[:eval_size]
+    if not train or not kept:
+        raise ValueError(f"task {task}: {len(train)} training and {len(kept)} evaluation records; need both")
+    return train, kept, len(evaluation) - len(unseen)
