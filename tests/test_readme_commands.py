@@ -27,6 +27,7 @@ AS_WRITTEN = [
     't2mlr generate runs/debug/final --prompt "t3 t17 t5" --max-new-tokens 16',
     't2mlr generate runs/debug/final --prompt "t3 t17 t5" --prefill jacobi --prefill-depth 8 --do-sample --top-p 0.9',
     't2mlr generate runs/debug/final --prompt "t3 t17 t5" --prefill jacobi --prefill-depth 16 --prefill-tol 1e-3',
+    "t2mlr rl grpo grpo_tiny --out runs/grpo_tiny",
 ]
 
 # The same command with smaller sizes (the written one takes minutes to hours, or needs the hub).
@@ -73,6 +74,10 @@ COVERED_BY = {
     "t2mlr train configs/overhead_cpu.yaml --out runs/overhead_cpu": "tests/test_training_config.py::test_every_preset_loads",
     "python benchmarks/train_overhead.py --checkpoint runs/overhead_cpu/checkpoints/step_00000400 "
     "--data data/stdlib/eval.jsonl --tokenizer data/stdlib/tokenizer --batch 8 --tol 1e-2": "tests/test_benchmarks.py",
+    "t2mlr train grpo_va_sft_cpu --out runs/grpo_sft": "tests/test_rl_grpo.py::test_readme_rl_commands_at_a_tiny_scale",
+    "t2mlr rl grpo grpo_cpu --out runs/grpo_cpu": "tests/test_rl_grpo.py::test_readme_rl_commands_at_a_tiny_scale",
+    "python benchmarks/replay_overhead.py --seq 128 --repeats 4": "tests/test_rl_grpo.py::test_readme_rl_commands_at_a_tiny_scale",
+    "python benchmarks/stale_states.py": "tests/test_rl_grpo.py::test_readme_rl_commands_at_a_tiny_scale",
 }
 
 

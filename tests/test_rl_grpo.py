@@ -167,3 +167,41 @@ def test_the_command_runs_and_draws_the_curve(tmp_path, capsys) -> None:
     assert "mean reward" in capsys.readouterr().out
     assert (out / "reward.png").is_file() and (out / "final" / "model.safetensors").is_file()
     assert main(["rl", "grpo", "grpo_tiny", "--out", str(out), "train.max_steps=2"]) == 2  # refuses to overwrite
+
+
+def load_benchmark(name: str):
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_readme_rl_commands_at_a_tiny_scale(tmp_path, capsys) -> None:
+    """The README's chain at a tiny scale: SFT warm-up with the trainer, GRPO from its policy, the replay
+    benchmark (timing and gradient fidelity on that checkpoint) and the stale-state measurement."""
+    sft, rl = tmp_path / "sft", tmp_path / "rl"
+    assert main(["train", "grpo_va_sft_cpu", "--out", str(sft), "--threads", "1", "train.max_steps=2",
+                 "data.kwargs.num_samples=64", "checkpoint.every=0", "logging.progress_bar=false"]) == 0
+    assert main(["rl", "grpo", "grpo_cpu", "--out", str(rl), f"policy={sft / 'final'}", "train.max_steps=2",
+                 "grpo.prompts_per_step=2", "grpo.group_size=2", "eval.every=1", "eval.num_prompts=4",
+                 "checkpoint.every=0", "logging.progress_bar=false"]) == 0
+    records = [json.loads(x) for x in (rl / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["split"] == "eval"] == [0, 1, 2]
+    capsys.readouterr()
+
+    load_benchmark("replay_overhead").main(["--hidden", "64", "--vocab", "128", "--seq", "12", "--repeats", "1",
+                                             "--warmup", "0", "--checkpoint", str(sft / "final"), "--fidelity-rows", "2"])
+    text = capsys.readouterr().out
+    assert "| (13,18) |" in text and "| (5,26) |" in text and "FLOPs" in text
+    cosine = next(line for line in text.splitlines() if line.startswith("| replay d_f = d_b = 4 |")).split("|")[2]
+    assert 0.9 < float(cosine) <= 1.0 + 1e-9
+
+    load_benchmark("stale_states").main(["--epochs", "2", "--rows", "8", "--batch", "4", "--seq", "16"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 2 |")]
+    assert len(rows) == 3 and "warm" in rows[2]
