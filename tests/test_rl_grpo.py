@@ -205,3 +205,19 @@ def test_readme_rl_commands_at_a_tiny_scale(tmp_path, capsys) -> None:
     load_benchmark("stale_states").main(["--epochs", "2", "--rows", "8", "--batch", "4", "--seq", "16"])
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 2 |")]
     assert len(rows) == 3 and "warm" in rows[2]
+
+
+def test_kl_to_the_reference_and_several_updates_per_rollout(tmp_path) -> None:
+    """beta > 0 keeps a frozen copy of the initial policy (log-probs on the exact path); iterations > 1 takes
+    π_old from the rollout (replayed at depth 1), so the second update's ratios move away from 1."""
+    trainer = tiny_trainer(tmp_path, "grpo.beta=0.5", "grpo.iterations=2", "train.seed=1", "optim.lr=0.05",
+                           "grpo.prompts_per_step=2", "eval.every=0", "checkpoint.every=0")
+    assert trainer.reference is not None and not any(p.requires_grad for p in trainer.reference.parameters())
+    rollout = trainer.collect(0)
+    with torch.no_grad():  # π_old, π_ref and the replayed π agree before any update
+        now = torch.cat([trainer.policy_loss(rollout, slice(i, i + 1), token_weights(rollout.mask, "grpo", 2))[1][None]
+                         for i in range(rollout.sequences.shape[0])])
+    torch.testing.assert_close(rollout.old_log_probs, rollout.ref_log_probs, rtol=0, atol=1e-5)
+    assert float(now.abs().max()) < 1e-6  # KL to the reference is 0 at the start
+    stats = trainer.update(rollout)
+    assert stats.kl > 0 and math.isfinite(stats.loss)  # after the first update the policy left the reference
