@@ -30,13 +30,19 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from t2mlr import T2MLRCache, T2MLRConfig, T2MLRForCausalLM
-from t2mlr.analysis.benchmarking import machine_info, markdown_table, parse_placements, timed
+from t2mlr.analysis.benchmarking import (
+    machine_info,
+    markdown_table,
+    parse_placements,
+    timed,
+)
 from t2mlr.baselines.costs import DecoderShape, causal_pairs, train_step_flops
 from t2mlr.model.shapes import smollm2_shaped_config
 from t2mlr.training.config import OptimConfig
@@ -145,7 +151,7 @@ def time_placement(l_start: int, l_end: int, args: argparse.Namespace) -> dict[s
             times[name].append(timed(variants[name], device))
         print(f"  ({l_start},{l_end}) round {round_index + 1}: "
               + ", ".join(f"{n} {times[n][-1]:.2f}s" for n in names), flush=True)
-    ratio = lambda a, b: statistics.median(x / y for x, y in zip(times[a], times[b]))  # noqa: E731
+    ratio = lambda a, b: statistics.median(x / y for x, y in zip(times[a], times[b]))
     return {
         "median_s": {name: statistics.median(values) for name, values in times.items()},
         "replay/plain": ratio("replay", "plain"), "jacobi/plain": ratio("jacobi", "plain"),
@@ -188,12 +194,12 @@ def fidelity(args: argparse.Namespace) -> list[list[str]]:
     exact = gradient(recurrence="exact")
     depth = args.replay_depth
     settings = {
-        f"replay d_f = d_b = {depth}": dict(recurrence="jacobi", initial_states=states, d_forward=depth, d_backward=depth),
-        "replay d_f = d_b = 1": dict(recurrence="jacobi", initial_states=states, d_forward=1, d_backward=1),
-        "replay d_f = d_b = 8": dict(recurrence="jacobi", initial_states=states, d_forward=8, d_backward=8),
-        f"Jacobi from the seed ({args.d_forward}, {args.d_backward})": dict(recurrence="jacobi", d_forward=args.d_forward,
-                                                                           d_backward=args.d_backward, jacobi_tol=None),
-        f"Jacobi from the seed ({depth}, {depth})": dict(recurrence="jacobi", d_forward=depth, d_backward=depth, jacobi_tol=None),
+        f"replay d_f = d_b = {depth}": {"recurrence": "jacobi", "initial_states": states, "d_forward": depth, "d_backward": depth},
+        "replay d_f = d_b = 1": {"recurrence": "jacobi", "initial_states": states, "d_forward": 1, "d_backward": 1},
+        "replay d_f = d_b = 8": {"recurrence": "jacobi", "initial_states": states, "d_forward": 8, "d_backward": 8},
+        f"Jacobi from the seed ({args.d_forward}, {args.d_backward})": {"recurrence": "jacobi", "d_forward": args.d_forward,
+                                                                           "d_backward": args.d_backward, "jacobi_tol": None},
+        f"Jacobi from the seed ({depth}, {depth})": {"recurrence": "jacobi", "d_forward": depth, "d_backward": depth, "jacobi_tol": None},
     }
     table = []
     for name, path in settings.items():
