@@ -27,6 +27,7 @@ AS_WRITTEN = [
     't2mlr generate runs/debug/final --prompt "t3 t17 t5" --max-new-tokens 16',
     't2mlr generate runs/debug/final --prompt "t3 t17 t5" --prefill jacobi --prefill-depth 8 --do-sample --top-p 0.9',
     't2mlr generate runs/debug/final --prompt "t3 t17 t5" --prefill jacobi --prefill-depth 16 --prefill-tol 1e-3',
+    "t2mlr rl grpo grpo_tiny --out runs/grpo_tiny",
 ]
 
 # The same command with smaller sizes (the written one takes minutes to hours, or needs the hub).
@@ -107,6 +108,10 @@ COVERED_BY = {
         "tests/test_analysis_gates.py::test_labels_name_the_runs_and_must_match_their_count",
     "t2mlr analyze placement lm_offline_cpu --starts 1,3,5,7 --width 2 --out runs/placement train.max_steps=100":
         "tests/test_analysis_placement.py::test_command_trains_each_placement_and_the_transformer",
+    "t2mlr train grpo_va_sft_cpu --out runs/grpo_sft": "tests/test_rl_grpo.py::test_readme_rl_commands_at_a_tiny_scale",
+    "t2mlr rl grpo grpo_cpu --out runs/grpo_cpu": "tests/test_rl_grpo.py::test_readme_rl_commands_at_a_tiny_scale",
+    "python benchmarks/replay_overhead.py --seq 128 --repeats 4": "tests/test_rl_grpo.py::test_readme_rl_commands_at_a_tiny_scale",
+    "python benchmarks/stale_states.py": "tests/test_rl_grpo.py::test_readme_rl_commands_at_a_tiny_scale",
 }
 
 

@@ -15,6 +15,7 @@ from t2mlr.training.config import (
     OptimConfig,
     ScheduleConfig,
     load_config,
+    load_yaml_tree,
     parse_override,
     resolve_config_path,
 )
@@ -25,6 +26,11 @@ CONFIG_DIR = PRESET_DIRS[0]
 
 @pytest.mark.parametrize("path", sorted(CONFIG_DIR.glob("*.yaml")), ids=lambda p: p.stem)
 def test_every_preset_loads(path: Path) -> None:
+    if "grpo" in load_yaml_tree(path):  # a reinforcement-learning preset (`t2mlr rl grpo`)
+        from t2mlr.training.grpo import load_grpo_config
+
+        load_grpo_config(path)
+        return
     cfg = load_config(path)
     if cfg.model.arch == "t2mlr":  # the baseline presets' settings are checked in test_training_baselines.py
         assert 1 <= cfg.model.l_start <= cfg.model.l_end

@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("t2mlr.evaluation.commands", "evaluate with lm-evaluation-harness (the t2mlr model registered)"),
     "params": ("t2mlr.experiments.parameter_counts", "parameter counts of T²MLR and its matched baselines"),
     "experiment": ("t2mlr.experiments.commands", "run a paper experiment end to end"),
+    "rl": ("t2mlr.training.rl_commands", "reinforcement learning (GRPO) with the policy update replayed from the rollout's recurrent states"),
     "analyze": ("t2mlr.analysis.commands", "the paper's analyses on your checkpoints: gradient fidelity, Jacobi vs exact training, probes, gates, placement"),
 }
 # Groups that gather subcommands from parts on one layer (neither may import the other): group ->

@@ -177,7 +177,14 @@ class ScheduleConfig:
 
 @dataclass
 class TrainLoopConfig:
-    """Loop settings. The global batch is fixed; accumulation = global / (micro × world size)."""
+    """Loop settings. The global batch is fixed; accumulation = global / (micro × world size).
+
+    warm_start_states (T²MLR on the Jacobi path, multi-epoch finetuning): keep each training row's
+    recurrent states R from its last visit and start the next visit's Jacobi iteration from them instead
+    of the seed pass. They are stale (computed with the weights of one epoch ago), so the iterates start
+    near, not at, the fixed point; the iteration count stays d_forward. Costs one float per hidden unit
+    per token of every row, kept on the CPU and saved with the checkpoints.
+    """
 
     max_steps: int = 1000
     global_batch_size: int = 8
@@ -186,6 +193,7 @@ class TrainLoopConfig:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["auto", "bf16", "fp32"] = "auto"
     parallel: Literal["none", "ddp", "fsdp"] = "none"
+    warm_start_states: bool = False
 
 
 @dataclass
@@ -465,6 +473,14 @@ def validate(cfg: TrainConfig) -> None:
             f"train.global_batch_size ({t.global_batch_size}) must be a multiple of train.micro_batch_size "
             f"({t.micro_batch_size})"
         )
+    if t.warm_start_states and (cfg.model.arch != "t2mlr" or cfg.model.setting("train_recurrence") != "jacobi"):
+        raise ConfigError(
+            "train.warm_start_states starts the Jacobi iteration from stored states: it needs model.arch t2mlr with "
+            f"model.train_recurrence jacobi (got arch {cfg.model.arch!r}, train_recurrence "
+            f"{cfg.model.setting('train_recurrence')!r})"
+        )
+    if t.warm_start_states and t.parallel != "none":
+        raise ConfigError("train.warm_start_states keeps one process's store of states: use train.parallel none")
     if cfg.eval.batch_size < 1 or cfg.eval.max_batches < 1:
         raise ConfigError("eval: batch_size and max_batches must be >= 1")
     if cfg.schedule.warmup_steps < 0 or not 0 <= cfg.schedule.min_lr_ratio <= 1:

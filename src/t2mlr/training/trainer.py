@@ -62,6 +62,7 @@ from t2mlr.training.model_factory import (
     repeated_block_indices,
 )
 from t2mlr.training.optim import build_optimizer, build_scheduler, lr_multiplier
+from t2mlr.training.warm_states import WarmStartStore
 from t2mlr.utils import load_tokenizer
 
 log = logging.getLogger("t2mlr.training")
@@ -93,6 +94,7 @@ class StepStats:
     tokens: int
     jacobi_iterations: float | None
     lr: float
+    warm_started: float | None = None  # share of micro-batches started from stored states (warm_start_states)
 
 
 def seed_all(seed: int) -> None:
@@ -124,6 +126,8 @@ class Trainer:
         _check_batch_split(cfg, self.env)
         self._build_data()  # first: bad data fail before a model is built (it draws no random numbers)
         self._build_model()
+        self.warm_states = WarmStartStore(self.model.config) if cfg.train.warm_start_states else None
+        self._row_sampler = self._sampler(0)  # a pure function of (step, micro): the rows of every micro-batch
         self.checkpoints = CheckpointManager(self.out_dir / CHECKPOINT_DIR, self.env, cfg.checkpoint.keep_last)
         self.metrics = MetricsWriter(self.out_dir, self.env.is_main, cfg.logging.tensorboard)
         self.step = 0
@@ -201,6 +205,8 @@ class Trainer:
             self.step, self.tokens_seen = state.step, state.tokens_seen
             self.metrics.truncate_after(self.step)
             log.info("resumed from %s (step %d, %d tokens seen)", self.last_checkpoint, self.step, self.tokens_seen)
+            if self.warm_states is not None:
+                self.warm_states.load(self.last_checkpoint)
         else:
             if self.resume:
                 log.info("--resume: no checkpoint in %s yet, starting from step 0", self.out_dir)
@@ -302,6 +308,8 @@ class Trainer:
             "lr": stats.lr, "grad_norm": stats.grad_norm, "tokens_per_s": tokens_per_s, "tokens_seen": self.tokens_seen,
             "recurrence": self.train_recurrence, "jacobi_iterations": stats.jacobi_iterations,
         }
+        if stats.warm_started is not None:
+            record["warm_started"] = stats.warm_started
         for name, param in self.gates.items():
             record[name] = float(dist_utils.full_value(param.detach()).float())
         return record
@@ -318,11 +326,19 @@ class Trainer:
             raise ValueError(f"step {self.step + 1}: the global batch has no scored tokens (all labels are -100)")
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         iterations: list[int | None] = []
+        warm: list[bool] = []
         for index, (batch, n_targets) in enumerate(zip(micro_batches, local_targets)):
             last = index == len(micro_batches) - 1
+            inputs = self._model_inputs(batch)
+            if self.warm_states is not None:
+                rows = self._row_sampler.micro_batch(self.step, index)
+                inputs.update(self.warm_states.forward_inputs(rows, batch["input_ids"].shape[1], device))
+                warm.append("initial_states" in inputs)
             with dist_utils.grad_sync(self.wrapped, enabled=last):
                 with self.autocast():
-                    out = self.wrapped(**self._model_inputs(batch))
+                    out = self.wrapped(**inputs)
+                if self.warm_states is not None:
+                    self.warm_states.remember(rows, inputs["past_key_values"])
                 if n_targets:
                     scaled = out.loss * (n_targets * env.world_size / global_targets)
                     loss_sum += out.loss.detach().double() * n_targets
@@ -339,7 +355,8 @@ class Trainer:
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return StepStats(loss, grad_norm, global_tokens, _mean_iterations(iterations), lr)
+        warm_share = sum(warm) / len(warm) if warm else None
+        return StepStats(loss, grad_norm, global_tokens, _mean_iterations(iterations), lr, warm_share)
 
     def _model_inputs(self, batch: dict[str, torch.Tensor], overrides: dict[str, Any] | None = None) -> dict[str, Any]:
         """Batch tensors on the device plus the run's path overrides; a model without recurrence does not
@@ -420,6 +437,8 @@ class Trainer:
             self.tokenizer.save_pretrained(str(directory))
         if self.recurrent:
             write_remote_code_modules(directory)
+        if self.warm_states is not None:
+            self.warm_states.save(directory)
 
     def last_checkpoint_step(self) -> int | None:
         if self.last_checkpoint is None:
