@@ -16,7 +16,6 @@ way (the label says so).
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,7 +25,6 @@ from typing import Any
 import torch
 from torch import nn
 from tqdm.auto import tqdm
-from transformers import PretrainedConfig
 
 from t2mlr.analysis.common import load_analysis_model
 from t2mlr.baselines.matching import (
@@ -47,6 +45,7 @@ from t2mlr.training.config import (
 )
 from t2mlr.training.data import Collator, build_dataset, eval_batches, labels_aligned
 from t2mlr.training.model_factory import base_config
+from t2mlr.training.runs import accumulated_train_seconds, base_section
 from t2mlr.training.trainer import FINAL_DIR, train
 from t2mlr.utils import resolve_device
 
@@ -60,8 +59,6 @@ __all__ = [
     "validation_batches",
 ]
 
-TIME_FILE = "train_time.json"  # training seconds summed over resumed attempts
-_DROP_KEYS = {"transformers_version", "architectures", "_name_or_path", "dtype"}
 
 
 @dataclass(frozen=True)
@@ -99,12 +96,6 @@ def arm_from_tree(tree: dict[str, Any], name: str, label: str, overrides: Sequen
     return Arm(name, label, config_from_tree(derived))
 
 
-def _plain(config: PretrainedConfig) -> dict[str, Any]:
-    fields = {k: v for k, v in config.to_diff_dict().items() if k not in _DROP_KEYS}
-    fields["model_type"] = config.model_type
-    return fields
-
-
 def matched_base_section(cfg: TrainConfig) -> tuple[dict[str, Any], int, int]:
     """The widened base config of the parameter-matched Transformer (as a `model.base` dict), its
     hidden size and T²MLR's parameter count."""
@@ -114,7 +105,7 @@ def matched_base_section(cfg: TrainConfig) -> tuple[dict[str, Any], int, int]:
         matched = matched_transformer_config(t2mlr)
     else:
         matched = matched_baseline_config(base, t2mlr_parameter_count(t2mlr))
-    return _plain(matched), int(matched.hidden_size), t2mlr_parameter_count(t2mlr)
+    return base_section(matched), int(matched.hidden_size), t2mlr_parameter_count(t2mlr)
 
 
 def transformer_arm(tree: dict[str, Any], name: str = "transformer") -> Arm:
@@ -131,13 +122,6 @@ def transformer_arm(tree: dict[str, Any], name: str = "transformer") -> Arm:
     derived = deep_merge(tree, {"eval": {"recurrence": None}, "logging": {"progress_label": name}})
     derived["model"] = model  # replaces the T²MLR section whole: the plain model has no recurrence settings
     return Arm(name, label, config_from_tree(derived))
-
-
-def _accumulated_seconds(run_dir: Path, spent: float) -> float:
-    path = run_dir / TIME_FILE
-    total = spent + (json.loads(path.read_text(encoding="utf-8"))["seconds"] if path.is_file() else 0.0)
-    path.write_text(json.dumps({"seconds": total}) + "\n", encoding="utf-8")
-    return total
 
 
 def train_arms(arms: Sequence[Arm], out: str | Path, resume: bool = False) -> list[TrainedArm]:
@@ -158,7 +142,7 @@ def train_arms(arms: Sequence[Arm], out: str | Path, resume: bool = False) -> li
         tqdm.write(f"[analyze] training arm {index}/{len(arms)}: {arm.label} → {run_dir}")
         started = time.perf_counter()
         train(arm.config, run_dir, resume=resume)
-        seconds = _accumulated_seconds(run_dir, time.perf_counter() - started)
+        seconds = accumulated_train_seconds(run_dir, time.perf_counter() - started)
         trained.append(TrainedArm(arm, run_dir, run_dir / FINAL_DIR, seconds))
     return trained
 

@@ -288,6 +288,11 @@ class ModelSpec:
         return _SPEC_FORMS[self.kind][0].format(**vars(self))
 
     @property
+    def dir_name(self) -> str:
+        """The spelling as a directory name ("looped:9-22:3" → "looped_9-22_3")."""
+        return self.name.replace(":", "_")
+
+    @property
     def label(self) -> str:
         """How tables name the arm, e.g. "T²MLR(13,18)", "looped 9-22 ×3", "pause ×2"."""
         return _SPEC_FORMS[self.kind][1].format(**vars(self))

@@ -53,13 +53,18 @@ from t2mlr.experiments.finetune_tasks import (
     score_output,
     task_label,
 )
-from t2mlr.experiments.s5_retrieval import _plain, _prepare_out, _timing, load_trained
 from t2mlr.generation.text import GenerationSettings, generate_kwargs
 from t2mlr.model import is_t2mlr
 from t2mlr.model.shapes import base_config_for_shape
 from t2mlr.tasks.jsonl import read_jsonl, write_jsonl
 from t2mlr.training.config import TrainConfig, config_from_tree
 from t2mlr.training.model_factory import build_model
+from t2mlr.training.runs import (
+    accumulated_train_seconds,
+    base_section,
+    claim_run_dirs,
+    load_trained,
+)
 from t2mlr.utils import load_tokenizer, resolve_device
 
 __all__ = ["ArmResult", "FinetunePlan", "StartingPoint", "rescore_predictions", "run_finetune", "wilson_interval"]
@@ -129,10 +134,6 @@ def wilson_interval(correct: int, total: int, z: float = 1.959964) -> tuple[floa
 # ---------------------------------------------------------------------------------------------- arms
 
 
-def arm_dirname(spec: ModelSpec) -> str:
-    return spec.name.replace(":", "_")
-
-
 def parse_arms(text: str) -> tuple[ModelSpec, ...]:
     """Arms as `t2mlr params` and the benchmarks name them; duplicates are refused."""
     specs = tuple(parse_model_specs(text))
@@ -167,11 +168,11 @@ def _wrapper_settings(config: PretrainedConfig) -> dict[str, Any]:
 def _section_of_config(spec: ModelSpec, config: PretrainedConfig, preset: FinetunePreset) -> dict[str, Any]:
     """The trainer's `model:` section that builds `config` (from scratch)."""
     if spec.kind == "t2mlr":
-        return {"arch": "t2mlr", "base": _plain(config.base_config), "l_start": config.l_start,
+        return {"arch": "t2mlr", "base": base_section(config.base_config), "l_start": config.l_start,
                 "l_end": config.l_end, **_t2mlr_settings(preset)}
     if spec.kind == "transformer":
-        return {"arch": "transformer", "base": _plain(config)}
-    return {"arch": spec.kind, "base": _plain(config.base_config), **_wrapper_settings(config)}
+        return {"arch": "transformer", "base": base_section(config)}
+    return {"arch": spec.kind, "base": base_section(config.base_config), **_wrapper_settings(config)}
 
 
 def _spec_settings(spec: ModelSpec, preset: FinetunePreset) -> dict[str, Any]:
@@ -457,8 +458,8 @@ def run_finetune(plan: FinetunePlan, out: str | Path, device: str = "auto", resu
     started = time.perf_counter()
     out = Path(out)
     preset = plan.preset
-    names = [arm_dirname(s) for s in plan.specs]
-    _prepare_out(out, tuple(names), overwrite, resume)
+    names = [s.dir_name for s in plan.specs]
+    claim_run_dirs(out, names, resume=resume, overwrite=overwrite)
     tqdm.write(f"[finetune] {preset.task}, preset {preset.name}: data → {out / 'data'}")
     tokenizer, records, facts = prepare_data(plan, out / "data")
     sections, target = model_sections(plan, tokenizer)
@@ -467,7 +468,7 @@ def run_finetune(plan: FinetunePlan, out: str | Path, device: str = "auto", resu
     workers = resolve_workers(workers, len(plan.specs), resolve_device(device))
     tqdm.write(f"[finetune] training {', '.join(s.label for s in plan.specs)} ({preset.steps:,} steps each) → {out}"
                + (f", {workers} at a time" if workers > 1 else ""))
-    jobs = [RunJob(s.name, configs[s.name], out / arm_dirname(s)) for s in plan.specs]
+    jobs = [RunJob(s.name, configs[s.name], out / s.dir_name) for s in plan.specs]
     trained = train_runs(jobs, resume, workers)
     results, rows, device_name = [], [], device
     for spec, dirname in zip(plan.specs, names):
@@ -481,7 +482,7 @@ def run_finetune(plan: FinetunePlan, out: str | Path, device: str = "auto", resu
         results.append(ArmResult(
             arm=spec.name, label=spec.label, parameters=count_parameters(model), start=plan.start.of(spec.name),
             steps=preset.steps, tokens=_tokens_seen(out / dirname),
-            train_seconds=_timing(out / dirname, trained[spec.name].seconds), eval_seconds=eval_seconds,
+            train_seconds=accumulated_train_seconds(out / dirname, trained[spec.name].seconds), eval_seconds=eval_seconds,
             correct=correct, total=len(arm_rows), pass_at_1=correct / len(arm_rows),
             interval=wilson_interval(correct, len(arm_rows)),
             extra={k: sum(r[k] for r in arm_rows) / len(arm_rows) for k in extra_keys},

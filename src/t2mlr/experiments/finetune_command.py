@@ -30,17 +30,16 @@ TASK_CHOICES = ("variable-assignment", "prosqa-hard", "gsm-aug", "hotpotqa")
 
 def _checkpoint_dirs(values: list[str], arms: list[Any]) -> dict[str, str]:
     """Arm name -> checkpoint directory from --from values (see the module docstring)."""
-    from t2mlr.experiments.finetune import arm_dirname
 
     names = {a.name for a in arms}
     if len(values) == 1 and "=" not in values[0]:
         root, found = Path(values[0]), {}
         for arm in arms:
-            candidate = root / arm_dirname(arm)
+            candidate = root / arm.dir_name
             if (candidate / "final" / "config.json").is_file():
                 candidate = candidate / "final"
             if not candidate.is_dir():
-                raise ValueError(f"--from {root}: no directory {arm_dirname(arm)}/ for arm {arm.name}")
+                raise ValueError(f"--from {root}: no directory {arm.dir_name}/ for arm {arm.name}")
             found[arm.name] = str(candidate)
         return found
     pairs = {}

@@ -282,18 +282,6 @@ def results_markdown(preset: PretrainPreset, data: PreparedData, rows: list[dict
     ]
 
 
-def _prepare_out(out: Path, resume: bool, overwrite: bool) -> None:
-    import shutil
-
-    existing = [out / name for name in ARMS if (out / name).exists()]
-    if existing and overwrite:
-        for path in existing:
-            shutil.rmtree(path)
-    elif existing and not resume:
-        raise FileExistsError(f"{out} already holds runs ({', '.join(p.name for p in existing)}): pass --resume "
-                              "to continue them or --overwrite to start over")
-
-
 def run_pretrain(preset: PretrainPreset, out: str | Path, *, corpus: str | Path | None = None, device: str = "cpu",
                  workers: int | None = None, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
     """The whole pipeline (see the module docstring); returns what results.json holds."""
@@ -301,9 +289,10 @@ def run_pretrain(preset: PretrainPreset, out: str | Path, *, corpus: str | Path 
 
     from t2mlr.analysis.common import write_result
     from t2mlr.experiments.concurrent_runs import RunJob, resolve_workers, train_runs
+    from t2mlr.training.runs import claim_run_dirs
 
     out = Path(out)
-    _prepare_out(out, resume, overwrite)
+    claim_run_dirs(out, ARMS, resume=resume, overwrite=overwrite)
     started = time.perf_counter()
     data = prepare_data(preset, out / "data", Path(corpus) if corpus is not None else None)
     arms = build_arms(preset, config_tree(preset, data, device))

@@ -26,10 +26,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch import nn
 from tqdm.auto import tqdm
-from transformers import PretrainedConfig, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from t2mlr.analysis.s5_plots import plot_accuracy_vs_length
 from t2mlr.baselines.matching import (
@@ -50,7 +48,12 @@ from t2mlr.model import T2MLRConfig
 from t2mlr.tasks.jsonl import read_jsonl, write_jsonl
 from t2mlr.tasks.tokenizers import build_s5_tokenizer
 from t2mlr.training.config import TrainConfig, config_from_tree
-from t2mlr.training.model_factory import build_model, load_initial_weights
+from t2mlr.training.runs import (
+    accumulated_train_seconds,
+    base_section,
+    claim_run_dirs,
+    load_trained,
+)
 from t2mlr.utils import resolve_device
 
 __all__ = ["ModelResult", "run_experiment"]
@@ -58,7 +61,6 @@ __all__ = ["ModelResult", "run_experiment"]
 LABELS = {"t2mlr": "T²MLR", "transformer": "Transformer (matched)", "lstm": "LSTM (matched)"}
 RESULTS_MD, RESULTS_JSON, FIGURE = "results.md", "results.json", "accuracy_vs_length.png"
 TRAIN_PEEK = 200  # training rows written out for inspection
-_DROP_KEYS = {"transformers_version", "architectures", "_name_or_path", "dtype"}
 
 
 @dataclass
@@ -145,7 +147,8 @@ def label_of(name: str) -> str:
 
 def run_dir_name(name: str) -> str:
     """The model's run directory under --out ("looped:full:2" → "looped_full_2")."""
-    return name.replace(":", "_")
+    spec = arm_spec(name)
+    return name if spec is None else spec.dir_name
 
 
 def steps_of(preset: S5Preset, name: str) -> int:
@@ -169,7 +172,7 @@ def model_sections(
     matched = matched_models(config, lstm_layers=preset.lstm_layers)
     t2mlr_section = {
         "arch": "t2mlr",
-        "base": _plain(config.base_config),
+        "base": base_section(config.base_config),
         "l_start": preset.l_start,
         "l_end": preset.l_end,
         "d_forward": preset.d_forward,
@@ -179,8 +182,8 @@ def model_sections(
     }
     sections = {
         "t2mlr": t2mlr_section,
-        "transformer": {"arch": "transformer", "base": _plain(matched.transformer)},
-        "lstm": {"arch": "transformer", "base": _plain(matched.lstm)},
+        "transformer": {"arch": "transformer", "base": base_section(matched.transformer)},
+        "lstm": {"arch": "transformer", "base": base_section(matched.lstm)},
     }
     for name in models:
         spec = arm_spec(name)
@@ -195,18 +198,12 @@ def _arm_section(spec: ModelSpec, config: T2MLRConfig, t2mlr_section: dict[str, 
         return {**t2mlr_section, "l_start": spec.start, "l_end": spec.end}
     if spec.kind == "looped":
         looped = matched_looped_config(config, loop_blocks=spec.loop_blocks, loops=spec.loops)
-        return {"arch": "looped", "base": _plain(looped.base_config), "loop_blocks": spec.loop_blocks,
+        return {"arch": "looped", "base": base_section(looped.base_config), "loop_blocks": spec.loop_blocks,
                 "loops": spec.loops}
     if spec.kind == "pause":
         pause = matched_pause_config(config, pauses=spec.period - 1)
-        return {"arch": "pause", "base": _plain(pause.base_config), "pauses": spec.period - 1}
+        return {"arch": "pause", "base": base_section(pause.base_config), "pauses": spec.period - 1}
     raise ValueError(f"the matched Transformer is the model named 'transformer', not {spec.name!r}")
-
-
-def _plain(config: PretrainedConfig) -> dict[str, Any]:
-    fields = {k: v for k, v in config.to_diff_dict().items() if k not in _DROP_KEYS}
-    fields["model_type"] = config.model_type
-    return fields
 
 
 def train_config(preset: S5Preset, name: str, model: dict[str, Any], tokenizer_dir: Path, device: str) -> TrainConfig:
@@ -232,22 +229,6 @@ def train_config(preset: S5Preset, name: str, model: dict[str, Any], tokenizer_d
         "logging": {"every": 10, "progress_bar": True},
     }
     return config_from_tree(tree)
-
-
-def load_trained(cfg: TrainConfig, checkpoint: Path) -> tuple[nn.Module, torch.device]:
-    """The model rebuilt from a run's final checkpoint (so evaluation sees exactly what was saved)."""
-    device = resolve_device(cfg.train.device)
-    model = build_model(cfg.model)
-    load_initial_weights(model, checkpoint)
-    return model.to(device), device
-
-
-def _timing(run_dir: Path, spent: float) -> float:
-    """Training seconds accumulated over resumed runs (kept in the run directory)."""
-    path = run_dir / "train_time.json"
-    total = spent + (json.loads(path.read_text())["seconds"] if path.is_file() else 0.0)
-    path.write_text(json.dumps({"seconds": total}) + "\n", encoding="utf-8")
-    return total
 
 
 # ---------------------------------------------------------------------------------------------- reporting
@@ -372,18 +353,9 @@ def write_results_json(path: Path, preset: S5Preset, results: list[ModelResult],
 
 
 def _prepare_out(out: Path, models: tuple[str, ...], overwrite: bool, resume: bool) -> None:
-    """Refuse to mix runs: existing model run directories need --resume (continue) or --overwrite."""
-    existing = [name for name in models if (out / run_dir_name(name)).exists()]
-    if existing and overwrite:
-        for name in existing:
-            shutil.rmtree(out / run_dir_name(name))
+    """Refuse to mix runs (`claim_run_dirs`); overwriting a model's run also regenerates the data."""
+    if claim_run_dirs(out, [run_dir_name(name) for name in models], resume=resume, overwrite=overwrite) and overwrite:
         shutil.rmtree(out / "data", ignore_errors=True)
-    elif existing and not resume:
-        raise FileExistsError(
-            f"{out} already holds runs for {', '.join(existing)}; pass --resume to continue/re-evaluate them "
-            "or --overwrite to start again"
-        )
-    out.mkdir(parents=True, exist_ok=True)
 
 
 def data_settings(preset: S5Preset) -> dict[str, Any]:
@@ -433,7 +405,7 @@ def run_experiment(
         per_n = evaluate_by_n(model, eval_samples, tokenizer, preset.eval_batch_size, used, desc=f"eval {name}")
         results.append(ModelResult(
             name=name, label=label_of(name), parameters=count_parameters(model), steps=steps_of(preset, name),
-            train_seconds=_timing(out / run_dir_name(name), trained[name].seconds), eval_seconds=time.perf_counter() - eval_started,
+            train_seconds=accumulated_train_seconds(out / run_dir_name(name), trained[name].seconds), eval_seconds=time.perf_counter() - eval_started,
             per_n=per_n, train_path=describe_path(configs[name]),
         ))
         del model
