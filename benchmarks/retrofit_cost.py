@@ -2,7 +2,9 @@
 training throughput of the retrofit against the plain model (fp32 and bf16 autocast), side by side.
 
 Memory: each measurement runs in a fresh process (peak RSS is a process-wide high-water mark): (1) load
-the base model; (2) load it and retrofit it with `T2MLRForCausalLM.from_base(model, l_start, l_end)`.
+the base model; (2) load it and retrofit it with `T2MLRForCausalLM.from_base(model, l_start, l_end)`;
+then one short forward pass, so every weight is resident (safetensors maps files lazily). A GGUF
+source is dequantised into ordinary memory.
 It also records whether the retrofit shares the caller's base object and its weight storage.
 
 Throughput: one training step (forward, backward, AdamW step) on the same batch of generated arithmetic
@@ -50,6 +52,10 @@ def measure_memory_child(source: str, mode: str, l_start: int, l_end: int) -> di
             p.data_ptr() == pointers[name.removeprefix("base.")]
             for name, p in model.named_parameters() if name.startswith("base.")
         )
+    else:
+        model = base
+    with torch.no_grad():  # touch every weight: safetensors maps the file lazily, so a bare load looks small
+        model(torch.arange(3, 11)[None])
     report["parameters"] = sum(p.numel() for p in base.parameters())
     report["peak_rss_mib"] = peak_rss_mib()
     return report
@@ -65,6 +71,10 @@ def measure_memory(source: str, l_start: int, l_end: int) -> dict[str, Any]:
         )
         results[mode] = json.loads(out.stdout.strip().splitlines()[-1])
     results["ratio"] = results["retrofit"]["peak_rss_mib"] / results["base"]["peak_rss_mib"]
+    # what loading added on top of the interpreter with torch and transformers imported
+    added = {mode: results[mode]["peak_rss_mib"] - results[mode]["peak_rss_before_mib"] for mode in ("base", "retrofit")}
+    results["added_mib"] = added
+    results["added_ratio"] = added["retrofit"] / added["base"]
     return results
 
 
@@ -90,7 +100,9 @@ def step_timer(model: torch.nn.Module, batch: dict[str, torch.Tensor], autocast:
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
-def measure_throughput(source: str, l_start: int, l_end: int, rows: int, repeats: int) -> dict[str, Any]:
+def measure_throughput(
+    source: str, l_start: int, l_end: int, rows: int, repeats: int, precisions: tuple[str, ...] = ("fp32", "bf16")
+) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     from t2mlr import T2MLRForCausalLM
@@ -107,7 +119,7 @@ def measure_throughput(source: str, l_start: int, l_end: int, rows: int, repeats
     for model in models.values():
         model._bench_optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
     report: dict[str, Any] = {"tokens_per_step": tokens, "rows": rows, "repeats": repeats}
-    for precision in ("fp32", "bf16"):
+    for precision in precisions:
         times: dict[str, list[tuple[float, float]]] = {name: [] for name in models}
         for name, model in models.items():  # warm-up step each
             step_timer(model, batch, precision == "bf16")
@@ -134,6 +146,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--precisions", default="fp32,bf16", help="comma-separated: fp32, bf16 (autocast)")
     parser.add_argument("--child", choices=("base", "retrofit"), default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
@@ -145,11 +159,14 @@ def main() -> None:
         "source": args.source, "l_start": args.l_start, "l_end": args.l_end, "threads": 1,
         "torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "memory": measure_memory(args.source, args.l_start, args.l_end),
     }
-    print("memory", json.dumps(report["memory"]), flush=True)
+    if not args.skip_memory:
+        report["memory"] = measure_memory(args.source, args.l_start, args.l_end)
+        print("memory", json.dumps(report["memory"]), flush=True)
     if not args.skip_throughput:
-        report["throughput"] = measure_throughput(args.source, args.l_start, args.l_end, args.rows, args.repeats)
+        precisions = tuple(args.precisions.split(","))
+        report["throughput"] = measure_throughput(args.source, args.l_start, args.l_end, args.rows, args.repeats,
+                                                  precisions)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=1) + "\n")

@@ -267,3 +267,16 @@ def test_tiny_experiment_writes_every_result(pretrained_dir: Path, tmp_path: Pat
     assert "finetuned T²MLR retrofit" in (out / "results.md").read_text()
     with pytest.raises(FileExistsError):
         run_experiment(preset, out, device="cpu")
+
+
+def test_seeds_summary_reports_means_spreads_and_gaps() -> None:
+    from t2mlr.experiments.retrofit import seeds_summary
+
+    def result(seed: int, base: float, transformer: float, t2mlr: float) -> dict:
+        return {"preset": {"seed": seed}, "models": {"base": {"accuracy": base}, "transformer": {"accuracy": transformer},
+                                                     "t2mlr": {"accuracy": t2mlr}}}
+
+    table = seeds_summary([result(0, 0.0, 0.2, 0.3), result(1, 0.1, 0.4, 0.3)])
+    rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines()}
+    assert rows["finetuned base (baseline)"].endswith("| 0.200 | 0.400 | 0.300 | 0.200 |")
+    assert rows["T²MLR − baseline"].startswith("| T²MLR − baseline | +0.100 | -0.100 | +0.000 |")

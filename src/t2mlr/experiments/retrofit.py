@@ -264,6 +264,23 @@ def results_markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def seeds_summary(results: Sequence[dict[str, Any]]) -> str:
+    """Markdown table of several seeds' results side by side, with each model's mean and the spread
+    (max - min) across seeds, and the T²MLR-minus-baseline gap per seed."""
+    names = ("base", *ARMS)
+    seeds = [r["preset"]["seed"] for r in results]
+    lines = ["| model | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | spread |",
+             "|---|" + "---|" * (len(seeds) + 2)]
+    for name in names:
+        values = [r["models"][name]["accuracy"] for r in results]
+        cells = " | ".join(f"{v:.3f}" for v in values)
+        lines.append(f"| {ARM_LABELS[name]} | {cells} | {sum(values) / len(values):.3f} | {max(values) - min(values):.3f} |")
+    gaps = [r["models"]["t2mlr"]["accuracy"] - r["models"]["transformer"]["accuracy"] for r in results]
+    mean_gap = round(sum(gaps) / len(gaps), 9) + 0.0  # no "-0.000" from rounding noise
+    lines.append("| T²MLR − baseline | " + " | ".join(f"{g:+.3f}" for g in gaps) + f" | {mean_gap:+.3f} | |")
+    return "\n".join(lines) + "\n"
+
+
 def plot_results(results: dict[str, Any], path: Path) -> None:
     """Accuracy per model (left) and the training loss per finetuned arm (right)."""
     import matplotlib
