@@ -11,12 +11,22 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import tiny_base_config
-from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel, LlamaForCausalLM
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaForCausalLM,
+)
 
 from t2mlr import T2MLRForCausalLM
 from t2mlr.cli import main as cli_main
 from t2mlr.experiments.retrofit import arm_config, run_experiment
-from t2mlr.experiments.retrofit_data import PromptTargetDataset, arithmetic_records, gsm8k_records
+from t2mlr.experiments.retrofit_data import (
+    PromptTargetDataset,
+    arithmetic_records,
+    gsm8k_records,
+)
 from t2mlr.experiments.retrofit_presets import get_preset
 from t2mlr.model.pretrained import IncompatibleBaseError, PretrainedSourceError
 from t2mlr.tasks.arithmetic import ArithmeticSettings

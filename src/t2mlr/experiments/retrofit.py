@@ -243,12 +243,14 @@ def results_markdown(results: dict[str, Any]) -> str:
     lines = [
         f"# Retrofit experiment ({p['name']} preset, seed {p['seed']})",
         "",
-        f"T²MLR({p['l_start']},{p['l_end']}) retrofitted into `{p['source']}`; both arms finetuned with the same "
-        f"{results['train_rows']} rows, {p['steps']} steps of batch {p['batch_size']}, AdamW lr {p['lr']} "
-        f"(betas {tuple(p['betas'])}, weight decay {p['weight_decay']}, cosine, warmup {p['warmup_steps']}), "
-        f"seed {p['seed']}; prompts masked from the loss{', and from the recurrence' if p['mask_prompt_recurrence'] else ''}. "
-        f"T²MLR trains on the Jacobi path (d_forward {p['d_forward']}, d_backward {p['d_backward']}) and answers on "
-        f"the exact path. Accuracy: exact answer of greedy replies on {results['eval_problems']} held-out problems.",
+        (
+            f"T²MLR({p['l_start']},{p['l_end']}) retrofitted into `{p['source']}`; both arms finetuned with the same "
+            f"{results['train_rows']} rows, {p['steps']} steps of batch {p['batch_size']}, AdamW lr {p['lr']} "
+            f"(betas {tuple(p['betas'])}, weight decay {p['weight_decay']}, cosine, warmup {p['warmup_steps']}), "
+            f"seed {p['seed']}; prompts masked from the loss{', and from the recurrence' if p['mask_prompt_recurrence'] else ''}. "
+            f"T²MLR trains on the Jacobi path (d_forward {p['d_forward']}, d_backward {p['d_backward']}) and answers on "
+            f"the exact path. Accuracy: exact answer of greedy replies on {results['eval_problems']} held-out problems."
+        ),
         "",
         "| model | accuracy | solved | training time (s, optimizer steps) | tokens seen | final training loss |",
         "|---|---|---|---|---|---|",

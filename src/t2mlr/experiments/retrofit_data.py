@@ -26,7 +26,11 @@ import torch
 from torch.utils.data import Dataset
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from t2mlr.tasks.arithmetic import ArithmeticSettings, arithmetic_cot_records, plain_prompt
+from t2mlr.tasks.arithmetic import (
+    ArithmeticSettings,
+    arithmetic_cot_records,
+    plain_prompt,
+)
 from t2mlr.utils import IGNORE_INDEX
 
 __all__ = [

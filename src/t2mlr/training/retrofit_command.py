@@ -32,7 +32,11 @@ def retrofit_to_directory(
 ) -> dict[str, Any]:
     """Retrofit `source` as T²MLR(l_start, l_end) and save it with its tokenizer into `out`; returns a summary."""
     from t2mlr.model import T2MLRConfig, T2MLRForCausalLM
-    from t2mlr.model.pretrained import load_pretrained_base, load_pretrained_config, resolve_pretrained_source
+    from t2mlr.model.pretrained import (
+        load_pretrained_base,
+        load_pretrained_config,
+        resolve_pretrained_source,
+    )
 
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         if not overwrite:

@@ -31,9 +31,14 @@ import yaml
 from tqdm.auto import tqdm
 
 from t2mlr.model import is_t2mlr
-from t2mlr.model.pretrained import IncompatibleBaseError, check_vocab_size, load_pretrained_tokenizer
+from t2mlr.model.pretrained import (
+    IncompatibleBaseError,
+    check_vocab_size,
+    load_pretrained_tokenizer,
+)
 from t2mlr.model.remote_code import write_remote_code_modules
 from t2mlr.training import distributed as dist_utils
+from t2mlr.training.architectures import get_architecture
 from t2mlr.training.checkpoint import CheckpointManager, TrainerState, export_model_dir
 from t2mlr.training.config import (
     ConfigError,
@@ -54,7 +59,6 @@ from t2mlr.training.data import (
 )
 from t2mlr.training.distributed import DistEnv
 from t2mlr.training.metrics import MetricsWriter, setup_logging
-from t2mlr.training.architectures import get_architecture
 from t2mlr.training.model_factory import (
     RECURRENCE_ONLY_INPUTS,
     base_config,
