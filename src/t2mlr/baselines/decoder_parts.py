@@ -17,7 +17,6 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 from transformers import (
-    AutoModelForCausalLM,
     DynamicCache,
     GenerationMixin,
     PretrainedConfig,
@@ -34,6 +33,7 @@ from t2mlr.model.configuration import (
     resolve_base_config,
 )
 from t2mlr.model.layout import TokenLayout
+from t2mlr.model.pretrained import load_pretrained_base
 from t2mlr.model.wrapping import WrapsBaseDecoder, follow_base_placement, wrapped_base
 from t2mlr.utils import Field, check_known_names, signature_fields
 
@@ -134,7 +134,7 @@ class WrappedDecoderForCausalLM(WrapsBaseDecoder, PreTrainedModel, GenerationMix
         if load_kwargs and not isinstance(base, str):
             raise ValueError("load_kwargs applies only when `base` is a hub id or path")
         if isinstance(base, str):
-            base = AutoModelForCausalLM.from_pretrained(base, **(load_kwargs or {}))
+            base, _ = load_pretrained_base(base, with_tokenizer=False, **(load_kwargs or {}))
         if isinstance(base, PretrainedConfig):
             return cls(cls.config_class.from_base(base, **settings))
         if not isinstance(base, PreTrainedModel):

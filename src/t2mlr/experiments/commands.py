@@ -92,7 +92,11 @@ def _add_s5(sub: Any) -> None:
 
 # Modules of the other experiments: each defines `add_experiment(sub)`, which adds its subcommand and keeps
 # its heavy imports inside the command's function (so `t2mlr experiment --help` stays light).
-EXPERIMENT_MODULES: tuple[str, ...] = ("t2mlr.experiments.pretrain", "t2mlr.experiments.finetune_command")
+EXPERIMENT_MODULES: tuple[str, ...] = (
+    "t2mlr.experiments.pretrain",
+    "t2mlr.experiments.finetune_command",
+    "t2mlr.experiments.retrofit",
+)
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:

@@ -36,8 +36,10 @@ from typing import Any, Literal
 import torch
 import transformers
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
+    PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
@@ -56,8 +58,11 @@ __all__ = [
     "PretrainedSource",
     "PretrainedSourceError",
     "check_vocab_fits",
+    "check_vocab_size",
     "check_wrappable_base",
     "load_pretrained_base",
+    "load_pretrained_config",
+    "load_pretrained_tokenizer",
     "resolve_pretrained_source",
 ]
 
@@ -236,11 +241,16 @@ def check_vocab_fits(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel)
     A larger embedding is fine (models pad their vocabulary); a larger tokenizer would index past it.
     """
     rows = model.get_input_embeddings().num_embeddings
-    vocab_size = getattr(model.config, "vocab_size", rows)
-    if len(tokenizer) > min(rows, vocab_size):
+    check_vocab_size(tokenizer, min(rows, getattr(model.config, "vocab_size", rows)))
+
+
+def check_vocab_size(tokenizer: PreTrainedTokenizerBase, vocab_size: int) -> None:
+    """IncompatibleBaseError when the tokenizer has more tokens than a model vocabulary of ``vocab_size``
+    (checked from the config alone, before the weights are read)."""
+    if len(tokenizer) > vocab_size:
         raise IncompatibleBaseError(
-            f"the tokenizer has {len(tokenizer)} tokens but the model's vocabulary has {vocab_size} "
-            f"(embedding rows {rows}): tokenizer and weights do not belong together"
+            f"the tokenizer has {len(tokenizer)} tokens but the model's vocabulary has {vocab_size}: "
+            "tokenizer and weights do not belong together"
         )
 
 
@@ -315,3 +325,38 @@ def load_pretrained_base(
     if tokenizer is not None:
         check_vocab_fits(tokenizer, model)
     return model.eval(), tokenizer
+
+
+def _resolved(source: str | PretrainedSource, gguf_file: str | None) -> PretrainedSource:
+    return source if isinstance(source, PretrainedSource) else resolve_pretrained_source(source, gguf_file)
+
+
+def load_pretrained_config(
+    source: str | PretrainedSource, gguf_file: str | None = None, **kwargs: Any
+) -> PretrainedConfig:
+    """The base model's config only (a GGUF's metadata, without its weights), refused when T²MLR cannot
+    wrap its family: what a trainer checks its settings against before it spends time on the weights."""
+    resolved = _resolved(source, gguf_file)
+    hub_kwargs = {key: kwargs[key] for key in _HUB_KWARGS if key in kwargs}
+    config = _load_from_hub_or_cache(AutoConfig, resolved, "config", **hub_kwargs)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise IncompatibleBaseError(
+            f"{resolved.location}{'/' + resolved.gguf_file if resolved.gguf_file else ''} holds a {model_type!r} "
+            f"model; T²MLR wraps only {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    return config
+
+
+def load_pretrained_tokenizer(
+    source: str | PretrainedSource, gguf_file: str | None = None, **kwargs: Any
+) -> PreTrainedTokenizerBase:
+    """The tokenizer stored with a pretrained source (a GGUF's own vocabulary and merges included)."""
+    resolved = _resolved(source, gguf_file)
+    if resolved.kind == "hf_dir" and not any((Path(resolved.location) / n).is_file() for n in TOKENIZER_FILES):
+        raise PretrainedSourceError(
+            f"{resolved.location} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); save it there with "
+            "tokenizer.save_pretrained(DIR)"
+        )
+    hub_kwargs = {key: kwargs[key] for key in _HUB_KWARGS if key in kwargs}
+    return _load_from_hub_or_cache(AutoTokenizer, resolved, "tokenizer", **hub_kwargs)

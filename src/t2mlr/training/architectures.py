@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
-from transformers import AutoModelForCausalLM, PretrainedConfig
+from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
 from t2mlr.baselines import (  # importing t2mlr.baselines registers every baseline type
     LoopedForCausalLM,
@@ -43,7 +43,9 @@ class Architecture:
     description: str
     settings: Callable[[], dict[str, Field]]
     check: Callable[[PretrainedConfig, dict[str, Any]], None]
-    build: Callable[[PretrainedConfig | None, str | None, dict[str, Any]], nn.Module]
+    # build(base_config, pretrained_model, settings): a fresh model from the config, or one wrapping (not
+    # copying) the loaded pretrained model
+    build: Callable[[PretrainedConfig | None, PreTrainedModel | None, dict[str, Any]], nn.Module]
     recurrent: bool = False  # takes the T²MLR forward-path arguments (recurrence, d_forward, ...)
     checkpointing_refusal: Callable[[dict[str, Any]], str | None] = lambda settings: _NO_REPEATED_BLOCKS
     enable_checkpointing: Callable[[nn.Module], None] | None = None
@@ -60,10 +62,12 @@ def _check_nothing(base_config: PretrainedConfig, settings: dict[str, Any]) -> N
     del base_config, settings
 
 
-def _build_plain(base_config: PretrainedConfig | None, pretrained: str | None, settings: dict[str, Any]) -> nn.Module:
+def _build_plain(
+    base_config: PretrainedConfig | None, pretrained: PreTrainedModel | None, settings: dict[str, Any]
+) -> nn.Module:
     del settings
     if pretrained is not None:
-        return AutoModelForCausalLM.from_pretrained(pretrained)
+        return pretrained
     return AutoModelForCausalLM.from_config(base_config)
 
 
@@ -71,7 +75,9 @@ def _check_t2mlr(base_config: PretrainedConfig, settings: dict[str, Any]) -> Non
     T2MLRConfig(base_config=base_config, **settings)  # validates every field against the base model
 
 
-def _build_t2mlr(base_config: PretrainedConfig | None, pretrained: str | None, settings: dict[str, Any]) -> nn.Module:
+def _build_t2mlr(
+    base_config: PretrainedConfig | None, pretrained: PreTrainedModel | None, settings: dict[str, Any]
+) -> nn.Module:
     settings = dict(settings)
     l_start, l_end = settings.pop("l_start"), settings.pop("l_end")
     if pretrained is not None:
@@ -95,7 +101,9 @@ def _wrapper_architecture(
     def check(base_config: PretrainedConfig, settings: dict[str, Any]) -> None:
         config_class(base_config=base_config, **settings)  # validates every field against the base model
 
-    def build(base_config: PretrainedConfig | None, pretrained: str | None, settings: dict[str, Any]) -> nn.Module:
+    def build(
+        base_config: PretrainedConfig | None, pretrained: PreTrainedModel | None, settings: dict[str, Any]
+    ) -> nn.Module:
         return model_class.wrap(pretrained if pretrained is not None else base_config, **settings)
 
     return Architecture(name, description, config_class.settings_fields, check, build, **extra)

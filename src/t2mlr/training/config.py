@@ -56,8 +56,10 @@ class ModelConfig:
     """What to train: `arch` (see `t2mlr.training.architectures`) around a Hugging Face decoder.
 
     Exactly one of `base` (a transformers config dict with `model_type`, trained from scratch; its keys
-    are checked by that config class) or `pretrained` (hub id or local path, retrofitted: its weights
-    are loaded into the wrapped model). Every other key of the YAML `model:` section is a setting of
+    are checked by that config class) or `pretrained` (hub id, local directory, .gguf file or the
+    shortcut `smollm2-135m-instruct`, retrofitted: its weights are loaded into the wrapped model and its
+    tokenizer is saved with the run's checkpoints); `gguf_file` names the GGUF file inside a `pretrained`
+    directory or hub repo. Every other key of the YAML `model:` section is a setting of
     the architecture, declared by its config class (for `t2mlr`: the `T2MLRConfig` fields l_start,
     l_end, d_forward, d_backward, jacobi_tol, train_recurrence, eval_recurrence, cache_residual,
     gate_init_scale, recurrence_mask_policy); `settings` holds all of them, defaults filled in.
@@ -66,6 +68,7 @@ class ModelConfig:
     arch: str = "t2mlr"
     base: dict[str, Any] | None = None
     pretrained: str | None = None
+    gguf_file: str | None = None
     init_from: str | None = None
     activation_checkpointing: bool = False
     settings: dict[str, Any] = field(default_factory=dict)
@@ -496,6 +499,11 @@ def _validate_model(m: ModelConfig) -> None:
 
     if (m.base is None) == (m.pretrained is None):
         raise ConfigError("model: set exactly one of model.base (config dict, from scratch) or model.pretrained")
+    if m.gguf_file is not None:
+        if m.pretrained is None:
+            raise ConfigError(f"model.gguf_file={m.gguf_file!r} needs model.pretrained (the directory or hub repo holding it)")
+        if not m.gguf_file.lower().endswith(".gguf") or Path(m.gguf_file).name != m.gguf_file:
+            raise ConfigError(f"model.gguf_file must be a bare file name ending in .gguf, got {m.gguf_file!r}")
     if m.base is not None:
         try:
             base_config = build_base_config(m.base)

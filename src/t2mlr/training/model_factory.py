@@ -16,11 +16,12 @@ import logging
 from pathlib import Path
 
 from torch import nn
-from transformers import AutoConfig, PretrainedConfig
+from transformers import PretrainedConfig
 
 from t2mlr.baselines import LoopedForCausalLM
 from t2mlr.model import is_t2mlr
 from t2mlr.model.configuration import build_base_config
+from t2mlr.model.pretrained import load_pretrained_base, load_pretrained_config
 from t2mlr.model.wrapping import WrapsBaseDecoder
 from t2mlr.training.architectures import get_architecture
 from t2mlr.training.config import ModelConfig
@@ -31,16 +32,22 @@ RECURRENCE_ONLY_INPUTS = ("recurrence_mask", "document_ids")  # batch keys only 
 
 
 def base_config(cfg: ModelConfig) -> PretrainedConfig:
-    """The wrapped decoder's config: from the `base` dict, or the pretrained model's own config."""
+    """The wrapped decoder's config: from the `base` dict, or the pretrained model's own config (a GGUF's
+    metadata: no weights are read)."""
     if cfg.base is not None:
         return build_base_config(cfg.base)
-    return AutoConfig.from_pretrained(cfg.pretrained)
+    return load_pretrained_config(cfg.pretrained, cfg.gguf_file)
 
 
 def build_model(cfg: ModelConfig) -> nn.Module:
-    """A fresh (or retrofitted) model in float32 on the CPU; the trainer moves and wraps it."""
+    """A fresh (or retrofitted) model in float32 on the CPU; the trainer moves and wraps it. A pretrained
+    model is loaded once (GGUF weights dequantised) and wrapped without a copy."""
     arch = get_architecture(cfg.arch)
-    model = arch.build(None if cfg.pretrained else base_config(cfg), cfg.pretrained, cfg.settings)
+    if cfg.pretrained is not None:
+        pretrained, _ = load_pretrained_base(cfg.pretrained, gguf_file=cfg.gguf_file, with_tokenizer=False)
+        model = arch.build(None, pretrained.train(), cfg.settings)
+    else:
+        model = arch.build(base_config(cfg), None, cfg.settings)
     if cfg.init_from:
         load_initial_weights(model, Path(cfg.init_from))
     if cfg.activation_checkpointing:

@@ -31,12 +31,19 @@ import yaml
 from tqdm.auto import tqdm
 
 from t2mlr.model import is_t2mlr
+from t2mlr.model.pretrained import (
+    IncompatibleBaseError,
+    check_vocab_size,
+    load_pretrained_tokenizer,
+)
 from t2mlr.model.remote_code import write_remote_code_modules
 from t2mlr.training import distributed as dist_utils
+from t2mlr.training.architectures import get_architecture
 from t2mlr.training.checkpoint import CheckpointManager, TrainerState, export_model_dir
 from t2mlr.training.config import (
     ConfigError,
     DataConfig,
+    ModelConfig,
     TrainConfig,
     save_config,
     to_plain,
@@ -171,9 +178,12 @@ class Trainer:
 
     def _build_data(self) -> None:
         cfg = self.cfg
-        vocab_size = base_config(cfg.model).vocab_size  # token ids are checked against it
+        model_config = base_config(cfg.model)
+        if cfg.model.pretrained is not None:
+            check_pretrained_settings(cfg.model, model_config)
+        vocab_size = model_config.vocab_size  # token ids are checked against it
         self.train_set = build_dataset(cfg.data, vocab_size=vocab_size, name="data")
-        self.tokenizer = run_tokenizer(self.train_set, cfg.data)
+        self.tokenizer = run_tokenizer(self.train_set, cfg.data, cfg.model, vocab_size)
         self.collator = Collator(cfg.data.pad_token_id, labels_aligned(self.train_set, cfg.data))
         self.eval_data: list[dict[str, torch.Tensor]] = []
         if cfg.eval.every > 0 and cfg.eval.data is not None:
@@ -455,13 +465,33 @@ def _check_batch_split(cfg: TrainConfig, env: DistEnv) -> None:
         )
 
 
-def run_tokenizer(dataset: Any, data: DataConfig) -> Any:
-    """The run's tokenizer, saved with every checkpoint: the dataset's own (S5, synthetic) or the one
-    data.tokenizer names; None when the data are token ids only."""
+def run_tokenizer(
+    dataset: Any, data: DataConfig, model: ModelConfig | None = None, vocab_size: int | None = None
+) -> Any:
+    """The run's tokenizer, saved with every checkpoint (so `t2mlr generate` / `t2mlr eval` take them):
+    the dataset's own (S5, synthetic), the one data.tokenizer names, else the pretrained model's own
+    (a GGUF's included); None when the data are token ids only. With `vocab_size`, a tokenizer with
+    more tokens than the model's vocabulary is refused here, before any training."""
     tokenizer = getattr(dataset, "tokenizer", None)
     if tokenizer is None and data.tokenizer:
         tokenizer = load_tokenizer(data.tokenizer)
+    if tokenizer is None and model is not None and model.pretrained is not None:
+        tokenizer = load_pretrained_tokenizer(model.pretrained, model.gguf_file)
+    if tokenizer is not None and vocab_size is not None:
+        try:
+            check_vocab_size(tokenizer, vocab_size)
+        except IncompatibleBaseError as err:
+            raise ConfigError(f"model.pretrained {model.pretrained if model else ''}: {err}") from err
     return tokenizer
+
+
+def check_pretrained_settings(model: ModelConfig, config: Any) -> None:
+    """The architecture's settings (l_start/l_end, loop blocks, ...) against the pretrained model's config,
+    read before its weights: `l_end` beyond its layers is a ConfigError, not a failure after loading."""
+    try:
+        get_architecture(model.arch).check(config, model.settings)
+    except ValueError as err:
+        raise ConfigError(f"model (pretrained {model.pretrained!r}): {err}") from err
 
 
 class ResumeMismatchError(ConfigError):

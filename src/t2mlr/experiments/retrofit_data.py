@@ -1,0 +1,157 @@
+"""Finetuning and evaluation data of the retrofit experiment: prompt/target pairs, tokenised so the
+prompt is never scored (and, optionally, never fused with the recurrent state).
+
+Every record is ``{prompt, target, answer}`` (``t2mlr.tasks.loaders.normalise_cot_record``'s form). The
+model sees ``"Question: <question>\\nAnswer:\\n"`` and learns the reply ``"<steps, one per line>\\n####
+<answer>"`` followed by the tokenizer's end-of-text token; the evaluation prompts are the same prompt
+text, so a reply is scored by the number after ``####``.
+
+Three sources give such records:
+
+* ``arithmetic``: the generated GSM-Aug-format word problems of ``t2mlr.tasks.arithmetic`` (cpu preset);
+* ``openmathreasoning``: a local jsonl/parquet file in OpenMathReasoning's published columns
+  (``problem``, ``generated_solution``, ``expected_answer``; the paper's finetuning data);
+* ``gsm8k``: a local jsonl/parquet file in GSM8K's published columns (``question``, ``answer`` ending
+  in ``#### <number>``; the paper's evaluation data).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from t2mlr.tasks.arithmetic import (
+    ArithmeticSettings,
+    arithmetic_cot_records,
+    plain_prompt,
+)
+from t2mlr.utils import IGNORE_INDEX
+
+__all__ = [
+    "PromptTargetDataset",
+    "arithmetic_records",
+    "format_prompt",
+    "gsm8k_records",
+    "openmathreasoning_records",
+    "prompt_target_dataset",
+    "read_records",
+    "write_records",
+]
+
+
+def format_prompt(question: str) -> str:
+    """What the model reads before its reply (training and evaluation alike)."""
+    return plain_prompt(question) + "\n"
+
+
+def arithmetic_records(num: int, split: str, seed: int, settings: ArithmeticSettings) -> list[dict[str, str]]:
+    """Generated problems as records whose prompt is ``format_prompt`` of the question."""
+    records = arithmetic_cot_records(num, split, seed, settings)
+    return [{**r, "prompt": format_prompt(r["prompt"].strip())} for r in records]
+
+
+def _table_rows(path: Path) -> list[dict[str, Any]]:
+    """Rows of a local .jsonl or .parquet file (the formats the published datasets come in)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"data file not found: {path}")
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
+    if path.suffix not in (".jsonl", ".json"):
+        raise ValueError(f"{path}: expected a .jsonl or .parquet file")
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _require_columns(row: dict[str, Any], columns: Sequence[str], path: Path, index: int) -> None:
+    missing = [c for c in columns if c not in row]
+    if missing:
+        raise ValueError(f"{path} row {index}: missing column(s) {missing}; this format needs {list(columns)}")
+
+
+def openmathreasoning_records(path: str | Path, limit: int | None = None) -> list[dict[str, str]]:
+    """OpenMathReasoning rows → records: the solution is the target, the expected answer is appended
+    after ``####`` so training and scoring read the answer in one place."""
+    path, records = Path(path), []
+    for i, row in enumerate(_table_rows(path)[:limit]):
+        _require_columns(row, ("problem", "generated_solution", "expected_answer"), path, i)
+        answer = str(row["expected_answer"]).strip()
+        target = f"{str(row['generated_solution']).strip()}\n#### {answer}"
+        records.append({"prompt": format_prompt(str(row["problem"])), "target": target, "answer": answer})
+    return records
+
+
+def gsm8k_records(path: str | Path, limit: int | None = None) -> list[dict[str, str]]:
+    """GSM8K rows → records (the answer is the number after the solution's ``####``)."""
+    path, records = Path(path), []
+    for i, row in enumerate(_table_rows(path)[:limit]):
+        _require_columns(row, ("question", "answer"), path, i)
+        solution = str(row["answer"])
+        if "####" not in solution:
+            raise ValueError(f"{path} row {i}: the answer has no '#### <number>' line")
+        answer = solution.rsplit("####", 1)[1].strip().replace(",", "")
+        records.append({"prompt": format_prompt(str(row["question"])), "target": solution.strip(), "answer": answer})
+    return records
+
+
+def write_records(records: Sequence[dict[str, Any]], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+
+
+def read_records(path: str | Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+class PromptTargetDataset(Dataset):
+    """Rows ``{input_ids, labels}`` of prompt + target + end-of-text, unpadded.
+
+    labels: -100 on the prompt (only the reply is scored). With ``mask_prompt_recurrence`` a row also
+    has ``recurrence_mask``: False on the prompt (its tokens skip the fusion but still write the state,
+    the way ``recurrence_mask_policy="mask"`` defines it), True on the reply. Rows longer than ``max_length`` are
+    refused rather than cut, since a cut reply would teach a wrong answer.
+    """
+
+    labels_aligned_to_inputs = False
+
+    def __init__(
+        self, records: Sequence[dict[str, str]], tokenizer: PreTrainedTokenizerBase, max_length: int,
+        mask_prompt_recurrence: bool = False,
+    ) -> None:
+        if tokenizer.eos_token_id is None:
+            raise ValueError("the tokenizer has no end-of-text token to end each reply with")
+        self.tokenizer = tokenizer
+        self.rows = [self._encode(r, max_length, mask_prompt_recurrence, i) for i, r in enumerate(records)]
+
+    def _encode(self, record: dict[str, str], max_length: int, mask_prompt: bool, index: int) -> dict[str, torch.Tensor]:
+        prompt = self.tokenizer(record["prompt"], add_special_tokens=False)["input_ids"]
+        target = self.tokenizer(record["target"], add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+        ids = prompt + target
+        if len(ids) > max_length:
+            raise ValueError(f"record {index} has {len(ids)} tokens, more than max_length={max_length}")
+        labels = [IGNORE_INDEX] * len(prompt) + target
+        row = {"input_ids": torch.tensor(ids), "labels": torch.tensor(labels)}
+        if mask_prompt:
+            row["recurrence_mask"] = torch.tensor([False] * len(prompt) + [True] * len(target))
+        return row
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return self.rows[index]
+
+
+def prompt_target_dataset(
+    path: str, tokenizer: str, max_length: int, mask_prompt_recurrence: bool = False
+) -> PromptTargetDataset:
+    """The trainer's ``data.factory``: records from a jsonl file, tokenised with the tokenizer at ``tokenizer``
+    (saved into every checkpoint of the run)."""
+    return PromptTargetDataset(read_records(path), AutoTokenizer.from_pretrained(tokenizer), max_length,
+                               mask_prompt_recurrence)
