@@ -60,18 +60,15 @@ def _guarded(run: Callable[[argparse.Namespace], dict[str, Any]]) -> Callable[[a
     """Run an analysis with the documented exit codes and print where its files went."""
 
     def handler(args: argparse.Namespace) -> int:
-        from t2mlr.training.checkpoint import CheckpointError
-        from t2mlr.training.trainer import NonFiniteLossError
+        from t2mlr.training.exit_codes import run_with_exit_codes
 
-        try:
+        def work() -> dict[str, Any]:
             _set_threads(args.threads)
-            result = run(args)
-        except NonFiniteLossError as err:
-            print(f"t2mlr analyze: training stopped: {err}", file=sys.stderr)
-            return 1
-        except (ValueError, FileExistsError, FileNotFoundError, CheckpointError) as err:
-            print(f"t2mlr analyze {args.analysis}: {err}", file=sys.stderr)
-            return 2
+            return run(args)
+
+        code, result = run_with_exit_codes(f"t2mlr analyze {args.analysis}", work)
+        if result is None:
+            return code
         print(f"wrote {result['markdown']}, {result['json']} and {result['figure']}")
         return 0
 

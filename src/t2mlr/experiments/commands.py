@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -32,33 +31,28 @@ __all__ = ["main", "register"]
 
 
 def run_s5(args: argparse.Namespace) -> int:
-    from t2mlr.experiments.s5_presets import get_preset
-    from t2mlr.experiments.s5_retrieval import run_experiment
-    from t2mlr.training.checkpoint import CheckpointError
-    from t2mlr.training.config import ConfigError
-    from t2mlr.training.trainer import NonFiniteLossError
+    from t2mlr.training.exit_codes import run_with_exit_codes
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    try:
-        preset = get_preset(args.preset)
-        if args.steps is not None:
-            preset = preset.with_steps(**{name: args.steps for name in preset.steps})
-        if args.seed is not None:
-            preset = dataclasses.replace(preset, seed=args.seed)
-        if args.checkpoint_every is not None:
-            if args.checkpoint_every < 0:
-                raise ValueError(f"--checkpoint-every must be >= 0 (0: only at the end), got {args.checkpoint_every}")
-            preset = dataclasses.replace(preset, checkpoint_every=args.checkpoint_every)
-        run_experiment(preset, args.out, device=args.device, models=tuple(args.models),
-                       resume=args.resume, overwrite=args.overwrite, workers=args.workers)
-    except NonFiniteLossError as err:
-        print(f"t2mlr experiment: training stopped: {err}", file=sys.stderr)
-        return 1
-    except (ValueError, FileExistsError, ConfigError, CheckpointError) as err:
-        print(f"t2mlr experiment: {err}", file=sys.stderr)
-        return 2
-    return 0
+    return run_with_exit_codes("t2mlr experiment s5-retrieval", lambda: _run_s5(args))[0]
+
+
+def _run_s5(args: argparse.Namespace) -> None:
+    from t2mlr.experiments.s5_presets import get_preset
+    from t2mlr.experiments.s5_retrieval import run_experiment
+
+    preset = get_preset(args.preset)
+    if args.steps is not None:
+        preset = preset.with_steps(**{name: args.steps for name in preset.steps})
+    if args.seed is not None:
+        preset = dataclasses.replace(preset, seed=args.seed)
+    if args.checkpoint_every is not None:
+        if args.checkpoint_every < 0:
+            raise ValueError(f"--checkpoint-every must be >= 0 (0: only at the end), got {args.checkpoint_every}")
+        preset = dataclasses.replace(preset, checkpoint_every=args.checkpoint_every)
+    run_experiment(preset, args.out, device=args.device, models=tuple(args.models),
+                   resume=args.resume, overwrite=args.overwrite, workers=args.workers)
 
 
 def _add_s5(sub: Any) -> None:

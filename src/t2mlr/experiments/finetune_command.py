@@ -94,24 +94,13 @@ def run_finetune_command(args: argparse.Namespace) -> int:
     import torch
 
     from t2mlr.experiments.finetune import run_finetune
-    from t2mlr.training.checkpoint import CheckpointError
-    from t2mlr.training.config import ConfigError
-    from t2mlr.training.trainer import NonFiniteLossError
-    from t2mlr.utils import TokenizerNotFoundError
+    from t2mlr.training.exit_codes import run_with_exit_codes
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    try:
-        plan = build_plan(args)
-        run_finetune(plan, args.out, device=args.device, resume=args.resume, overwrite=args.overwrite,
-                     workers=args.workers)
-    except NonFiniteLossError as err:
-        print(f"t2mlr experiment finetune: training stopped: {err}", file=sys.stderr)
-        return 1
-    except (ValueError, FileExistsError, ConfigError, CheckpointError, TokenizerNotFoundError) as err:
-        print(f"t2mlr experiment finetune: {err}", file=sys.stderr)
-        return 2
-    return 0
+    return run_with_exit_codes("t2mlr experiment finetune", lambda: run_finetune(
+        build_plan(args), args.out, device=args.device, resume=args.resume, overwrite=args.overwrite,
+        workers=args.workers))[0]
 
 
 def run_summary_command(args: argparse.Namespace) -> int:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -317,25 +316,18 @@ def run_pretrain(preset: PretrainPreset, out: str | Path, *, corpus: str | Path 
 def _run_command(args: argparse.Namespace) -> int:
     import torch
 
-    from t2mlr.corpus import CorpusError
-    from t2mlr.training.checkpoint import CheckpointError
-    from t2mlr.training.config import ConfigError
-    from t2mlr.training.trainer import NonFiniteLossError
+    from t2mlr.training.exit_codes import run_with_exit_codes
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     preset = PRESETS[args.preset]
     if args.steps is not None:
         preset = replace(preset, steps=args.steps)
-    try:
-        payload = run_pretrain(preset, args.out, corpus=args.corpus, device=args.device, workers=args.workers,
-                               resume=args.resume, overwrite=args.overwrite)
-    except NonFiniteLossError as err:
-        print(f"t2mlr experiment pretrain: training stopped: {err}", file=sys.stderr)
-        return 1
-    except (ValueError, FileExistsError, ConfigError, CheckpointError, CorpusError) as err:
-        print(f"t2mlr experiment pretrain: {err}", file=sys.stderr)
-        return 2
+    code, payload = run_with_exit_codes("t2mlr experiment pretrain", lambda: run_pretrain(
+        preset, args.out, corpus=args.corpus, device=args.device, workers=args.workers, resume=args.resume,
+        overwrite=args.overwrite))
+    if payload is None:
+        return code
     for row in payload["results"]:
         print(json.dumps({k: row[k] for k in ("model", "path", "loss", "ppl")}))
     print(f"wrote {Path(args.out) / 'results.md'}")

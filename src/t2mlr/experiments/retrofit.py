@@ -22,7 +22,6 @@ import argparse
 import dataclasses
 import json
 import shutil
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -313,31 +312,25 @@ def plot_results(results: dict[str, Any], path: Path) -> None:
 def run_command(args: argparse.Namespace) -> int:
     import torch
 
-    from t2mlr.experiments.retrofit_presets import get_preset
-    from t2mlr.model.pretrained import IncompatibleBaseError, PretrainedSourceError
-    from t2mlr.training.config import ConfigError
-    from t2mlr.training.trainer import NonFiniteLossError
+    from t2mlr.training.exit_codes import run_with_exit_codes
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    try:
-        preset = get_preset(args.preset)
-        overrides = {name: getattr(args, name) for name in ("seed", "steps", "source", "gguf_file", "train_path",
-                                                             "eval_path") if getattr(args, name) is not None}
-        if args.mask_prompt_recurrence:
-            overrides["mask_prompt_recurrence"] = True
-        preset = dataclasses.replace(preset, **overrides)
-        results = run_experiment(preset, args.out, device=args.device, overwrite=args.overwrite)
-    except NonFiniteLossError as err:
-        print(f"t2mlr experiment retrofit: training stopped: {err}", file=sys.stderr)
-        return 1
-    except (ValueError, FileExistsError, FileNotFoundError, ConfigError, PretrainedSourceError,
-            IncompatibleBaseError) as err:
-        print(f"t2mlr experiment retrofit: {err}", file=sys.stderr)
-        return 2
-    print((args.out / "results.md").read_text(encoding="utf-8"))
-    del results
-    return 0
+    code, _ = run_with_exit_codes("t2mlr experiment retrofit", lambda: _run_retrofit(args))
+    if code == 0:
+        print((args.out / "results.md").read_text(encoding="utf-8"))
+    return code
+
+
+def _run_retrofit(args: argparse.Namespace) -> None:
+    from t2mlr.experiments.retrofit_presets import get_preset
+
+    preset = get_preset(args.preset)
+    overrides = {name: getattr(args, name) for name in ("seed", "steps", "source", "gguf_file", "train_path",
+                                                         "eval_path") if getattr(args, name) is not None}
+    if args.mask_prompt_recurrence:
+        overrides["mask_prompt_recurrence"] = True
+    run_experiment(dataclasses.replace(preset, **overrides), args.out, device=args.device, overwrite=args.overwrite)
 
 
 def add_experiment(sub: Any) -> None:

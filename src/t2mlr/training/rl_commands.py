@@ -42,19 +42,16 @@ def register(subparsers: Any) -> None:
 def run_grpo_command(args: argparse.Namespace) -> int:
     import torch
 
-    from t2mlr.training.checkpoint import CheckpointError
-    from t2mlr.training.config import ConfigError
+    from t2mlr.training.exit_codes import run_with_exit_codes
     from t2mlr.training.grpo import load_grpo_config, run_grpo
 
     if args.threads < 1:
         raise SystemExit(f"--threads must be >= 1, got {args.threads}")
     torch.set_num_threads(args.threads)
-    try:
-        cfg = load_grpo_config(args.config, args.overrides)
-        records = run_grpo(cfg, args.out, resume=args.resume, stop_after=args.stop_after)
-    except (ConfigError, CheckpointError, FileExistsError, FileNotFoundError) as err:
-        print(f"error: {err}")
-        return 2
+    code, records = run_with_exit_codes("t2mlr rl grpo", lambda: run_grpo(
+        load_grpo_config(args.config, args.overrides), args.out, resume=args.resume, stop_after=args.stop_after))
+    if code:
+        return code
     if records:
         last = records[-1]
         print(f"step {last['step']}: mean reward {last['reward_mean']:.3f}; run directory {args.out}")
