@@ -3,7 +3,11 @@
 A task hands the RL loop what it needs and nothing else: `prompts(start, count)` (deterministic in the
 index, so a resumed run draws the same prompts), `reward(completion, sample)` (1.0 when the task's own
 scorer accepts the completion), and a word-level tokenizer whose symbols are the task's (so a small model
-trained from scratch, or SFT-trained by `t2mlr train`, shares it with the RL run).
+trained from scratch, or SFT-trained by `t2mlr train`, shares it with the RL run). A policy saved with its
+own tokenizer (a retrofit) brings that one instead; the prompts and rewards are plain text either way.
+
+Tasks (`TASKS`, the `task.name` of a GRPO config): `variable_assignment`, `s5_retrieval` and `arithmetic`.
+Each reuses its generator in `t2mlr.tasks` and its scorer in `t2mlr.tasks.scoring`.
 
 The same module gives the supervised warm-up set (`variable_assignment_sft`, a `data.source: factory`
 dataset for `t2mlr train`): prompt + answer + end-of-text, the prompt masked out of the loss.
@@ -11,15 +15,25 @@ dataset for `t2mlr train`): prompt + answer + end-of-text, the prompt masked out
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import string
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 from torch.utils.data import Dataset
 
-from t2mlr.tasks.scoring import variable_assignment_exact_match
-from t2mlr.tasks.tokenizers import build_word_tokenizer
+from t2mlr.tasks.arithmetic import ArithmeticSettings, iter_arithmetic_problems
+from t2mlr.tasks.loaders import normalise_cot_record
+from t2mlr.tasks.s5 import is_perm_token
+from t2mlr.tasks.s5_retrieval import DEFAULT_ALPHABET, DELIMITER, iter_s5_retrieval
+from t2mlr.tasks.scoring import (
+    gsm_exact_match,
+    score_s5_prediction,
+    variable_assignment_exact_match,
+)
+from t2mlr.tasks.tokenizers import build_s5_tokenizer, build_word_tokenizer
 from t2mlr.tasks.variable_assignment import HEADER, iter_variable_assignment
 from t2mlr.utils import IGNORE_INDEX
 
@@ -62,8 +76,7 @@ class VariableAssignmentTask:
         next(iter_variable_assignment(1, self.depth, self.num_constants, self.num_distractors, self.seed))  # checks
 
     def prompts(self, start: int, count: int, stream: str = "train") -> list[dict[str, Any]]:
-        if start < 0 or count < 0:
-            raise ValueError(f"start and count must be >= 0, got {start}, {count}")
+        _check_range(start, count)
         samples = iter_variable_assignment(None, self.depth, self.num_constants, self.num_distractors, self.seed, stream)
         return list(itertools.islice(samples, start, start + count))
 
@@ -71,13 +84,122 @@ class VariableAssignmentTask:
         return float(variable_assignment_exact_match(completion, sample["answer"]))
 
 
-TASKS = {"variable_assignment": VariableAssignmentTask}
+def _check_range(start: int, count: int) -> None:
+    if start < 0 or count < 0:
+        raise ValueError(f"start and count must be >= 0, got {start}, {count}")
+
+
+@dataclass
+class S5RetrievalTask:
+    """S5-Retrieval (`t2mlr.tasks.s5_retrieval`) in a generative form; reward 1 when the completion is exactly
+    the scored target, else 0.
+
+    The S5 experiment trains a transduction: the input is the dictionary, the delimiter, then each action
+    followed by K blanks, and the output at each position after the delimiter is the running state and its
+    K dictionary symbols. Here the same sample is a prompt and a completion: the prompt is the dictionary,
+    then the N actions (one symbol each; the blanks were only slots for the aligned outputs), then the
+    delimiter; the completion is the scored part of the transduction target, state and K values per step,
+    N·(K+1) symbols (so `grpo.max_new_tokens` must be at least N·(K+1) + 1 for the end-of-text). A
+    completion that is right here is, symbol for symbol, an exact match of the transduction
+    (`score_s5_prediction` on the target after the delimiter), which is how the reward is computed.
+    """
+
+    n_range: tuple[int, int] | list[int] = (1, 32)  # the generator's defaults; a CPU run sets small ones
+    k: int = 4
+    dict_size: int = 120
+    alphabet: str = DEFAULT_ALPHABET
+    seed: int = 0
+    name: str = "s5_retrieval"
+
+    def __post_init__(self) -> None:
+        if len(self.n_range) != 2:
+            raise ValueError(f"n_range must be [lowest N, highest N], got {self.n_range!r}")
+        self.n_range = (int(self.n_range[0]), int(self.n_range[1]))
+        self.tokenizer = build_s5_tokenizer(self.k, self.alphabet)
+        next(self._samples("train"))  # checks the settings
+
+    def _samples(self, stream: str) -> Any:
+        return iter_s5_retrieval(None, self.n_range, self.k, self.dict_size, self.seed, self.alphabet, stream)
+
+    def prompts(self, start: int, count: int, stream: str = "train") -> list[dict[str, Any]]:
+        _check_range(start, count)
+        return [self._generative(s) for s in itertools.islice(self._samples(stream), start, start + count)]
+
+    @staticmethod
+    def _generative(sample: dict[str, Any]) -> dict[str, Any]:
+        """The sample with its prompt (dictionary, actions, delimiter) and answer (the scored target) as text."""
+        delim = sample["delim_index"]
+        actions = [token for token in sample["input_tokens"][delim + 1:] if is_perm_token(token)]
+        prompt = "".join([*sample["input_tokens"][:delim], *actions, DELIMITER])
+        return {**sample, "prompt": prompt, "answer": "".join(sample["target_tokens"][sample["score_start"]:])}
+
+    def reward(self, completion: str, sample: dict[str, Any]) -> float:
+        target, start = sample["target_tokens"], int(sample["score_start"])
+        symbols = self.tokenizer.tokenize(completion)
+        if len(symbols) != len(target) - start:
+            return 0.0  # too short or too long: not the scored part
+        return float(score_s5_prediction([*target[:start], *symbols], target, start).exact)
+
+
+# Printable ASCII plus space and newline, one token each: covers every story, equation and "#### answer".
+ARITHMETIC_SYMBOLS = (*string.ascii_letters, *string.digits, *string.punctuation, " ", "\n")
+
+
+def arithmetic_tokenizer() -> Any:
+    """A character-level tokenizer (printable ASCII, space, newline), built offline and always the same."""
+    return build_word_tokenizer(ARITHMETIC_SYMBOLS)
+
+
+@dataclass
+class ArithmeticTask:
+    """Arithmetic word problems (`t2mlr.tasks.arithmetic`, GSM-Aug format); reward 1 when the final answer
+    of the completion, extracted by `gsm_exact_match` ("#### n", else "The answer is n", else the last
+    number), equals the gold answer, else 0.
+
+    The prompt is the question and a newline (`normalise_cot_record`, what `t2mlr train` finetunes on); the
+    expected completion is the `<<a op b=c>>` steps, one per line, then "#### answer". The "train" and
+    "eval" streams are the generator's splits, disjoint by construction. Settings are `ArithmeticSettings`'.
+    """
+
+    min_steps: int = ArithmeticSettings.min_steps
+    max_steps: int = ArithmeticSettings.max_steps
+    max_operand: int = ArithmeticSettings.max_operand
+    max_factor: int = ArithmeticSettings.max_factor
+    max_value: int = ArithmeticSettings.max_value
+    seed: int = 0
+    name: str = "arithmetic"
+
+    def __post_init__(self) -> None:
+        self.settings = ArithmeticSettings(self.min_steps, self.max_steps, self.max_operand, self.max_factor,
+                                           self.max_value)
+        self.tokenizer = arithmetic_tokenizer()
+        next(iter_arithmetic_problems("train", self.seed, self.settings))  # checks the settings
+
+    def prompts(self, start: int, count: int, stream: str = "train") -> list[dict[str, Any]]:
+        _check_range(start, count)
+        problems = itertools.islice(iter_arithmetic_problems(stream, self.seed, self.settings), start, start + count)
+        return [{**p, **normalise_cot_record(p, f"arithmetic {stream} problem")} for p in problems]
+
+    def reward(self, completion: str, sample: dict[str, Any]) -> float:
+        return float(gsm_exact_match(completion, sample["answer"]))
+
+
+TASKS = {"variable_assignment": VariableAssignmentTask, "s5_retrieval": S5RetrievalTask, "arithmetic": ArithmeticTask}
+
+
+def task_settings(name: str) -> list[str]:
+    """The settings (`task.kwargs` keys) the task `name` accepts."""
+    return [f.name for f in dataclasses.fields(TASKS[name]) if f.name not in ("seed", "name")]
 
 
 def build_task(name: str, seed: int = 0, **kwargs: Any) -> VerifiableTask:
     """The task `name` with its generator's settings (`kwargs`: e.g. depth, num_constants, num_distractors)."""
     if name not in TASKS:
         raise ValueError(f"unknown RL task {name!r}; known: {', '.join(TASKS)}")
+    allowed = task_settings(name)
+    unknown = sorted(set(kwargs) - set(allowed))
+    if unknown:
+        raise ValueError(f"task {name!r}: unknown setting(s) {unknown}; allowed: {', '.join(allowed)}")
     try:
         return TASKS[name](seed=seed, **kwargs)
     except TypeError as err:
