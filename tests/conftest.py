@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -85,12 +86,29 @@ def left_padded(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, mask
 
 
+@contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """torch's CPU thread count set to `count` inside the block, restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.fixture
 def one_torch_thread() -> Iterator[None]:
     """Tiny models run fastest on one thread, and on a shared 2-core machine a second torch thread
     spin-waits against other processes (10x slower runs); restored afterwards for other test files.
     Use with `pytestmark = pytest.mark.usefixtures("one_torch_thread")`."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with torch_threads(1):
+        yield
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread_per_module() -> Iterator[None]:
+    """`one_torch_thread` for a whole module, so module-scoped fixtures (a loaded model, a trained run)
+    are built on one thread too."""
+    with torch_threads(1):
+        yield

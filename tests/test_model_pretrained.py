@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -49,13 +48,7 @@ needs_shipped = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """On a shared 2-core machine a second torch thread spin-waits against other processes; restored after."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread_per_module")
 
 
 # ------------------------------------------------------------------------------------------ tiny fixtures

