@@ -242,6 +242,8 @@ def test_any_arm_of_the_comparison_joins_the_experiment(tmp_path) -> None:
     (("gru",), "unknown model 'gru'"),
     ((), "at least one model"),
     (("lstm", "lstm"), "named twice"),
+    (("t2mlr", "t2mlr:2-3"), "blocks 2-3 are outside the preset's 1-2"),
+    (("looped:1-5:2",), "blocks 1-5 are outside"),
 ])
 def test_bad_model_names_fail_before_anything_is_written(tmp_path, models, message) -> None:
     with pytest.raises(ValueError, match=message):

@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from t2mlr.analysis.s5_plots import plot_accuracy_vs_length
+from t2mlr.baselines.looped import parse_loop_blocks
 from t2mlr.baselines.matching import (
     MODEL_SPEC_FORMS,
     MatchedSet,
@@ -131,11 +132,18 @@ def arm_spec(name: str) -> ModelSpec | None:
         raise ValueError(f"unknown model {name!r}: use t2mlr, transformer, lstm or one of {MODEL_SPEC_FORMS}") from err
 
 
-def check_models(models: tuple[str, ...]) -> None:
+def check_models(models: tuple[str, ...], num_layers: int) -> None:
+    """Every model name known, none twice, and every block range inside the preset's `num_layers` blocks
+    (checked before any data is written)."""
     if not models:
         raise ValueError(f"name at least one model: t2mlr, transformer, lstm or one of {MODEL_SPEC_FORMS}")
     for name in models:
-        arm_spec(name)
+        spec = arm_spec(name)
+        if spec is None or spec.kind == "pause":
+            continue
+        start, end = (spec.start, spec.end) if spec.kind == "t2mlr" else parse_loop_blocks(spec.loop_blocks, num_layers)
+        if not 1 <= start <= end <= num_layers:
+            raise ValueError(f"model {name!r}: blocks {start}-{end} are outside the preset's 1-{num_layers}")
     if len(set(models)) != len(models):
         raise ValueError(f"a model is named twice in {models}")
 
@@ -384,7 +392,7 @@ def run_experiment(
     `workers`: trainings run side by side in that many processes (`t2mlr.experiments.concurrent_runs`);
     None picks one per model up to torch's CPU threads on CPU, and one on a GPU.
     """
-    check_models(models)
+    check_models(models, preset.num_layers)
     started = time.perf_counter()
     out = Path(out)
     _prepare_out(out, models, overwrite, resume)
