@@ -141,3 +141,19 @@ def test_two_grpo_steps_on_the_task(tmp_path, name, settings, vocab, positions, 
     assert [r["step"] for r in lines if r["split"] == "eval"] == [0, 1, 2]
     train = [r for r in lines if r["split"] != "eval"]
     assert [r["step"] for r in train] == [1, 2] and all(0.0 <= r["reward_mean"] <= 1.0 for r in train)
+
+
+@pytest.mark.parametrize("name, settings", [
+    ("variable_assignment", {}),
+    ("s5_retrieval", {"n_range": [1, 3], "k": 1, "dict_size": 6}),
+    ("arithmetic", {}),
+])
+def test_windows_read_forward_and_rewind_to_the_same_samples(name, settings) -> None:
+    """Consecutive, skipping and rewinding windows give what a fresh task draws for the same indices."""
+    task = build_task(name, seed=3, **settings)
+    fresh = build_task(name, seed=3, **settings).prompts(0, 12)
+    got = task.prompts(0, 4) + task.prompts(4, 2) + task.prompts(8, 4)  # forward, then a skip over 6-7
+    assert got == fresh[:6] + fresh[8:12]
+    assert task.prompts(2, 3) == fresh[2:5]  # a rewind reopens the stream
+    assert task.prompts(0, 2, stream="eval") != fresh[:2]  # streams keep separate cursors
+    assert task.prompts(5, 1) == fresh[5:6]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import string
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -74,11 +75,11 @@ class VariableAssignmentTask:
     def __post_init__(self) -> None:
         self.tokenizer = variable_assignment_tokenizer()
         next(iter_variable_assignment(1, self.depth, self.num_constants, self.num_distractors, self.seed))  # checks
+        self._windows = StreamWindows(lambda stream: iter_variable_assignment(
+            None, self.depth, self.num_constants, self.num_distractors, self.seed, stream))
 
     def prompts(self, start: int, count: int, stream: str = "train") -> list[dict[str, Any]]:
-        _check_range(start, count)
-        samples = iter_variable_assignment(None, self.depth, self.num_constants, self.num_distractors, self.seed, stream)
-        return list(itertools.islice(samples, start, start + count))
+        return self._windows.window(stream, start, count)
 
     def reward(self, completion: str, sample: dict[str, Any]) -> float:
         return float(variable_assignment_exact_match(completion, sample["answer"]))
@@ -87,6 +88,28 @@ class VariableAssignmentTask:
 def _check_range(start: int, count: int) -> None:
     if start < 0 or count < 0:
         raise ValueError(f"start and count must be >= 0, got {start}, {count}")
+
+
+class StreamWindows:
+    """Samples start .. start + count - 1 of deterministic sample streams, read forward.
+
+    The RL loop asks for consecutive windows of a stream; drawing each from the stream's start would cost
+    O(steps²) over a run. One open iterator per stream is advanced instead, and a window before its
+    position (a resumed run, an evaluation set read again) reopens the stream: the samples are the same
+    either way, because the stream is deterministic in its index."""
+
+    def __init__(self, open_stream: Callable[[str], Iterator[dict[str, Any]]]) -> None:
+        self._open_stream = open_stream
+        self._cursors: dict[str, tuple[Iterator[dict[str, Any]], int]] = {}
+
+    def window(self, stream: str, start: int, count: int) -> list[dict[str, Any]]:
+        _check_range(start, count)
+        samples, position = self._cursors.get(stream, (None, 0))
+        if samples is None or start < position:
+            samples, position = self._open_stream(stream), 0
+        window = list(itertools.islice(samples, start - position, start - position + count))
+        self._cursors[stream] = (samples, start + len(window))
+        return window
 
 
 @dataclass
@@ -117,13 +140,13 @@ class S5RetrievalTask:
         self.n_range = (int(self.n_range[0]), int(self.n_range[1]))
         self.tokenizer = build_s5_tokenizer(self.k, self.alphabet)
         next(self._samples("train"))  # checks the settings
+        self._windows = StreamWindows(self._samples)
 
     def _samples(self, stream: str) -> Any:
         return iter_s5_retrieval(None, self.n_range, self.k, self.dict_size, self.seed, self.alphabet, stream)
 
     def prompts(self, start: int, count: int, stream: str = "train") -> list[dict[str, Any]]:
-        _check_range(start, count)
-        return [self._generative(s) for s in itertools.islice(self._samples(stream), start, start + count)]
+        return [self._generative(s) for s in self._windows.window(stream, start, count)]
 
     @staticmethod
     def _generative(sample: dict[str, Any]) -> dict[str, Any]:
@@ -174,10 +197,10 @@ class ArithmeticTask:
                                            self.max_value)
         self.tokenizer = arithmetic_tokenizer()
         next(iter_arithmetic_problems("train", self.seed, self.settings))  # checks the settings
+        self._windows = StreamWindows(lambda stream: iter_arithmetic_problems(stream, self.seed, self.settings))
 
     def prompts(self, start: int, count: int, stream: str = "train") -> list[dict[str, Any]]:
-        _check_range(start, count)
-        problems = itertools.islice(iter_arithmetic_problems(stream, self.seed, self.settings), start, start + count)
+        problems = self._windows.window(stream, start, count)
         return [{**p, **normalise_cot_record(p, f"arithmetic {stream} problem")} for p in problems]
 
     def reward(self, completion: str, sample: dict[str, Any]) -> float:
