@@ -27,14 +27,34 @@ def runnable(parser) -> bool:
     return bool(groups) and all(runnable(sub) for group in groups for sub in group.choices.values())
 
 
-def test_top_level_help_imports_neither_torch_nor_transformers() -> None:
+def help_output(argv: list[str]) -> str:
+    """What `t2mlr ARGV` prints in a fresh interpreter, then which of torch and transformers it loaded."""
     probe = (
         "import sys\nfrom t2mlr.cli import main\n"
-        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        f"try:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
         "print('LOADED', sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
     )
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    return subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+
+
+def test_top_level_help_imports_neither_torch_nor_transformers() -> None:
+    out = help_output(["--help"])
     assert "experiment" in out and "LOADED []" in out
+
+
+@pytest.mark.parametrize("argv, shown", [
+    (["train", "--help"], "--stop-after"),
+    (["experiment", "--help"], "finetune"),
+    (["experiment", "retrofit", "--help"], "--preset"),
+    (["rl", "grpo", "--help"], "--resume"),
+    (["analyze", "gradient-fidelity", "--help"], "32:32"),
+    (["retrofit", "--help"], "--l-start"),
+])
+def test_command_help_imports_neither_torch_nor_transformers(argv: list[str], shown: str) -> None:
+    """Help of the training, experiment and analysis commands shows at once: their heavy imports wait
+    until a command runs."""
+    out = help_output(argv)
+    assert shown in out and "LOADED []" in out
 
 
 def test_an_unknown_command_is_a_usage_error(capsys) -> None:

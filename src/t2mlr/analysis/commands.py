@@ -182,7 +182,7 @@ def _add(sub: Any, name: str) -> argparse.ArgumentParser:
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add the `analyze` group to a main CLI's subparsers; every leaf sets `func`."""
-    from t2mlr.analysis.gradient_fidelity import DEFAULT_ANCHOR, DEFAULT_DEPTHS
+    from t2mlr.analysis.depth_grid import DEFAULT_ANCHOR, DEFAULT_DEPTHS
 
     parser = subparsers.add_parser("analyze", help="the paper's analyses on your checkpoints", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -41,6 +41,7 @@ from t2mlr.analysis.common import (
     table,
     write_result,
 )
+from t2mlr.analysis.depth_grid import DEFAULT_ANCHOR, DEFAULT_DEPTHS
 from t2mlr.model import is_t2mlr
 
 __all__ = [
@@ -54,8 +55,6 @@ __all__ = [
     "run_gradient_fidelity",
 ]
 
-DEFAULT_DEPTHS = "2:1,4:1,4:4,8:1,8:4,16:1,16:4,16:16,32:4"
-DEFAULT_ANCHOR = "32:32"
 STEM, FIGURE = "gradient_fidelity", "gradient_fidelity.png"
 
 

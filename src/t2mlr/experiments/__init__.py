@@ -5,6 +5,14 @@ presets in `s5_presets` (paper / cpu / tiny). Heavy imports (the trainer) happen
 this package stays cheap.
 """
 
-from t2mlr.experiments.s5_presets import PRESETS, S5Preset, get_preset
+import importlib
+from typing import Any
 
 __all__ = ["PRESETS", "S5Preset", "get_preset"]
+
+
+def __getattr__(name: str) -> Any:
+    """The S5 presets on first access (PEP 562): `t2mlr experiment --help` stays light."""
+    if name in __all__:
+        return getattr(importlib.import_module("t2mlr.experiments.s5_presets"), name)
+    raise AttributeError(f"module 't2mlr.experiments' has no attribute {name!r}")

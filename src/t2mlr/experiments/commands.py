@@ -25,12 +25,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
 __all__ = ["main", "register"]
 
 
 def run_s5(args: argparse.Namespace) -> int:
+    import torch
+
     from t2mlr.training.exit_codes import run_with_exit_codes
 
     if args.threads is not None:

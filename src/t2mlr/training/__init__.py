@@ -8,17 +8,18 @@ Quick start::
     t2mlr plot runs/x
 """
 
-from t2mlr.training.config import ConfigError, TrainConfig, load_config
-from t2mlr.training.data import (
-    Collator,
-    PackedTokenDataset,
-    ResumableBatchSampler,
-    SyntheticChainDataset,
-    build_dataset,
-    pack_documents,
-    shift_aligned_labels,
-)
-from t2mlr.training.trainer import NonFiniteLossError, Trainer, TrainResult, train
+import importlib
+from typing import Any
+
+# Public name -> the submodule that defines it. Loaded on first access (PEP 562), so a command that
+# only needs the argument parser (`t2mlr train --help`) does not pay for torch and transformers.
+_HOMES = {
+    "ConfigError": "config", "TrainConfig": "config", "load_config": "config",
+    "Collator": "data", "PackedTokenDataset": "data", "ResumableBatchSampler": "data",
+    "SyntheticChainDataset": "data", "build_dataset": "data", "pack_documents": "data",
+    "shift_aligned_labels": "data",
+    "NonFiniteLossError": "trainer", "Trainer": "trainer", "TrainResult": "trainer", "train": "trainer",
+}
 
 __all__ = [
     "Collator",
@@ -36,3 +37,9 @@ __all__ = [
     "shift_aligned_labels",
     "train",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HOMES:
+        return getattr(importlib.import_module(f"t2mlr.training.{_HOMES[name]}"), name)
+    raise AttributeError(f"module 't2mlr.training' has no attribute {name!r}")
