@@ -14,14 +14,11 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from t2mlr.cli import main as cli_main
 from t2mlr.experiments.finetune import rescore_predictions, wilson_interval
-from t2mlr.experiments.finetune_data import (
-    build_task_tokenizer,
-    encode_sft,
-    mask_prompt_labels,
-)
+from t2mlr.experiments.finetune_data import build_task_tokenizer, encode_sft
 from t2mlr.experiments.finetune_tasks import load_task_data, score_output
 from t2mlr.tasks.jsonl import write_jsonl
 from t2mlr.tasks.scoring import qa_token_f1
+from t2mlr.tasks.sft import mask_prompt_labels
 from t2mlr.training.data import Collator
 
 # ---------------------------------------------------------------------------------------------- scoring

@@ -45,7 +45,7 @@ from t2mlr.baselines.matching import (
     parse_model_specs,
 )
 from t2mlr.experiments.concurrent_runs import RunJob, resolve_workers, train_runs
-from t2mlr.experiments.finetune_data import build_task_tokenizer, encode_sft, prompt_ids
+from t2mlr.experiments.finetune_data import build_task_tokenizer, encode_sft
 from t2mlr.experiments.finetune_presets import FinetunePreset
 from t2mlr.experiments.finetune_tasks import (
     get_task,
@@ -57,6 +57,7 @@ from t2mlr.generation.text import GenerationSettings, generate_kwargs
 from t2mlr.model import is_t2mlr
 from t2mlr.model.shapes import base_config_for_shape
 from t2mlr.tasks.jsonl import read_jsonl, write_jsonl
+from t2mlr.tasks.sft import prompt_ids
 from t2mlr.training.config import TrainConfig, config_from_tree
 from t2mlr.training.model_factory import build_model
 from t2mlr.training.runs import (

@@ -1,13 +1,9 @@
 """Supervised-finetuning rows for the reasoning finetunes: prompt masked from the loss, target supervised.
 
-A row is ``[BOS] prompt target [EOS]`` with causal-LM labels (the model shifts them): -100 on BOS and the
-prompt, the token ids on the target and EOS, so the loss is the target's alone. Prompt and target are
-tokenized separately, exactly as evaluation tokenizes the prompt before generating.
-
-With ``prompt_recurrence_mask`` the row also carries ``recurrence_mask`` (False on BOS and the prompt): a
-T²MLR model with ``recurrence_mask_policy="mask"`` then fuses its recurrent state only into target tokens
-(the prompt still writes the state), which is how the authors' release finetunes. The trainer drops the
-mask for architectures without recurrence.
+A row is ``[BOS] prompt target [EOS]``, the prompt masked from the loss (`t2mlr.tasks.sft`). With
+``prompt_recurrence_mask`` the row also carries ``recurrence_mask``, so T²MLR fuses its recurrent state
+only into target tokens, which is how the authors' release finetunes. The trainer drops the mask for
+architectures without recurrence.
 
 Also builds the word-level tokenizer of a from-scratch run: the task's phrases, the words of the training
 texts, ProsQA's consonant-vowel syllables and every single character of the texts, matched longest first,
@@ -26,46 +22,23 @@ from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerBase
 
 from t2mlr.tasks.jsonl import read_jsonl
+from t2mlr.tasks.sft import sft_row
 from t2mlr.tasks.tokenizers import (
     SPECIAL_TOKENS,
     build_word_tokenizer,
     word_vocab_from_texts,
 )
-from t2mlr.utils import IGNORE_INDEX, load_tokenizer
+from t2mlr.utils import load_tokenizer
 
-__all__ = ["SFTDataset", "build_task_tokenizer", "encode_sft", "mask_prompt_labels", "prompt_ids", "sft_dataset"]
+__all__ = ["SFTDataset", "build_task_tokenizer", "encode_sft", "sft_dataset"]
 
 _CONSONANTS, _VOWELS = "bcdfglmnprstvz", "aeiou"
 
 
-def prompt_ids(tokenizer: PreTrainedTokenizerBase, prompt: str) -> list[int]:
-    """BOS (when the tokenizer has one) and the prompt's tokens: what generation starts from."""
-    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    return ([tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []) + list(ids)
-
-
-def _eos_id(tokenizer: PreTrainedTokenizerBase) -> int:
-    if tokenizer.eos_token_id is None:
-        raise ValueError("the tokenizer has no EOS token: a finetuned model would never learn to stop")
-    return int(tokenizer.eos_token_id)
-
-
 def encode_sft(tokenizer: PreTrainedTokenizerBase, prompt: str, target: str,
                prompt_recurrence_mask: bool = False) -> dict[str, torch.Tensor]:
-    """One training row (see the module docstring)."""
-    head = prompt_ids(tokenizer, prompt)
-    tail = list(tokenizer(target, add_special_tokens=False)["input_ids"]) + [_eos_id(tokenizer)]
-    input_ids = torch.tensor(head + tail, dtype=torch.long)
-    row = {"input_ids": input_ids, "labels": mask_prompt_labels(input_ids.clone(), len(head))}
-    if prompt_recurrence_mask:
-        row["recurrence_mask"] = torch.tensor([False] * len(head) + [True] * len(tail))
-    return row
-
-
-def mask_prompt_labels(labels: torch.Tensor, prompt_length: int) -> torch.Tensor:
-    """Labels with the first `prompt_length` positions (BOS and the prompt) ignored by the loss, in place."""
-    labels[..., :prompt_length] = IGNORE_INDEX
-    return labels
+    """One training row: BOS, prompt (masked from the loss), target, EOS (`t2mlr.tasks.sft.sft_row`)."""
+    return sft_row(tokenizer, prompt, target, bos=True, recurrence_mask=prompt_recurrence_mask)
 
 
 class SFTDataset(Dataset):

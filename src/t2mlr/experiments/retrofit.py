@@ -156,9 +156,9 @@ def _check_out(out: Path, overwrite: bool) -> None:
 
 
 def _write_predictions(out: Path, name: str, predictions: Sequence[dict[str, Any]]) -> None:
-    from t2mlr.experiments.retrofit_data import write_records
+    from t2mlr.tasks.jsonl import write_jsonl
 
-    write_records(predictions, out / "predictions" / f"{name}.jsonl")
+    write_jsonl(predictions, out / "predictions" / f"{name}.jsonl")
 
 
 def _train_arm(preset: Any, arm: str, base_dir: Path, train_file: Path, pad_id: int, device: str, out: Path
@@ -196,7 +196,7 @@ def run_experiment(preset: Any, out: Path, device: str = "auto", overwrite: bool
     """Run the whole experiment into `out` and return what results.json holds."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from t2mlr.experiments.retrofit_data import write_records
+    from t2mlr.tasks.jsonl import write_jsonl
 
     preset.validate()
     _check_out(out, overwrite)
@@ -205,8 +205,8 @@ def run_experiment(preset: Any, out: Path, device: str = "auto", overwrite: bool
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     train_records, eval_records = build_records(preset)
     train_file = out / "data" / "train.jsonl"
-    write_records(train_records, train_file)
-    write_records(eval_records, out / "data" / "eval.jsonl")
+    write_jsonl(train_records, train_file)
+    write_jsonl(eval_records, out / "data" / "eval.jsonl")
 
     models: dict[str, dict[str, Any]] = {}
     base = AutoModelForCausalLM.from_pretrained(base_dir, dtype="float32")

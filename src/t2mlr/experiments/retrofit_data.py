@@ -31,7 +31,8 @@ from t2mlr.tasks.arithmetic import (
     arithmetic_cot_records,
     plain_prompt,
 )
-from t2mlr.utils import IGNORE_INDEX
+from t2mlr.tasks.jsonl import read_jsonl
+from t2mlr.tasks.sft import sft_row
 
 __all__ = [
     "PromptTargetDataset",
@@ -40,8 +41,6 @@ __all__ = [
     "gsm8k_records",
     "openmathreasoning_records",
     "prompt_target_dataset",
-    "read_records",
-    "write_records",
 ]
 
 
@@ -100,15 +99,6 @@ def gsm8k_records(path: str | Path, limit: int | None = None) -> list[dict[str, 
     return records
 
 
-def write_records(records: Sequence[dict[str, Any]], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
-
-
-def read_records(path: str | Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
 class PromptTargetDataset(Dataset):
     """Rows ``{input_ids, labels}`` of prompt + target + end-of-text, unpadded.
 
@@ -124,21 +114,13 @@ class PromptTargetDataset(Dataset):
         self, records: Sequence[dict[str, str]], tokenizer: PreTrainedTokenizerBase, max_length: int,
         mask_prompt_recurrence: bool = False,
     ) -> None:
-        if tokenizer.eos_token_id is None:
-            raise ValueError("the tokenizer has no end-of-text token to end each reply with")
         self.tokenizer = tokenizer
         self.rows = [self._encode(r, max_length, mask_prompt_recurrence, i) for i, r in enumerate(records)]
 
     def _encode(self, record: dict[str, str], max_length: int, mask_prompt: bool, index: int) -> dict[str, torch.Tensor]:
-        prompt = self.tokenizer(record["prompt"], add_special_tokens=False)["input_ids"]
-        target = self.tokenizer(record["target"], add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
-        ids = prompt + target
-        if len(ids) > max_length:
-            raise ValueError(f"record {index} has {len(ids)} tokens, more than max_length={max_length}")
-        labels = [IGNORE_INDEX] * len(prompt) + target
-        row = {"input_ids": torch.tensor(ids), "labels": torch.tensor(labels)}
-        if mask_prompt:
-            row["recurrence_mask"] = torch.tensor([False] * len(prompt) + [True] * len(target))
+        row = sft_row(self.tokenizer, record["prompt"], record["target"], bos=False, recurrence_mask=mask_prompt)
+        if row["input_ids"].numel() > max_length:
+            raise ValueError(f"record {index} has {row['input_ids'].numel()} tokens, more than max_length={max_length}")
         return row
 
     def __len__(self) -> int:
@@ -153,5 +135,5 @@ def prompt_target_dataset(
 ) -> PromptTargetDataset:
     """The trainer's ``data.factory``: records from a jsonl file, tokenised with the tokenizer at ``tokenizer``
     (saved into every checkpoint of the run)."""
-    return PromptTargetDataset(read_records(path), AutoTokenizer.from_pretrained(tokenizer), max_length,
+    return PromptTargetDataset(read_jsonl(path), AutoTokenizer.from_pretrained(tokenizer), max_length,
                                mask_prompt_recurrence)

@@ -34,9 +34,9 @@ from t2mlr.tasks.scoring import (
     score_s5_prediction,
     variable_assignment_exact_match,
 )
+from t2mlr.tasks.sft import sft_row
 from t2mlr.tasks.tokenizers import build_s5_tokenizer, build_word_tokenizer
 from t2mlr.tasks.variable_assignment import HEADER, iter_variable_assignment
-from t2mlr.utils import IGNORE_INDEX
 
 ANSWER_CUE = "Answer: |"
 # The header and the answer cue are one symbol each: a prompt is then ~4 tokens per assignment line.
@@ -249,12 +249,7 @@ class VariableAssignmentSFT(Dataset):
             raise ValueError(f"rows have {longest} tokens but seq_len is {seq_len}; raise data.seq_len")
 
     def _encode(self, sample: dict[str, Any]) -> dict[str, torch.Tensor]:
-        prompt = self.tokenizer(sample["prompt"], add_special_tokens=False)["input_ids"]
-        answer = self.tokenizer(sample["answer"], add_special_tokens=False)["input_ids"]
-        ids = torch.tensor(prompt + answer + [self.tokenizer.eos_token_id])
-        labels = ids.clone()
-        labels[: len(prompt)] = IGNORE_INDEX
-        return {"input_ids": ids, "labels": labels}
+        return sft_row(self.tokenizer, sample["prompt"], sample["answer"], bos=False)
 
     def __len__(self) -> int:
         return len(self.rows)
