@@ -62,7 +62,7 @@ from t2mlr.training.config import TrainConfig, config_from_tree
 from t2mlr.training.model_factory import build_model
 from t2mlr.training.runs import (
     accumulated_train_seconds,
-    base_section,
+    arm_model_section,
     claim_run_dirs,
     load_trained,
 )
@@ -162,20 +162,6 @@ def _t2mlr_settings(preset: FinetunePreset) -> dict[str, Any]:
             "eval_recurrence": "exact", "recurrence_mask_policy": "mask" if preset.prompt_recurrence_mask else "all"}
 
 
-def _wrapper_settings(config: PretrainedConfig) -> dict[str, Any]:
-    return {name: getattr(config, name) for name in type(config).settings_fields()}
-
-
-def _section_of_config(spec: ModelSpec, config: PretrainedConfig, preset: FinetunePreset) -> dict[str, Any]:
-    """The trainer's `model:` section that builds `config` (from scratch)."""
-    if spec.kind == "t2mlr":
-        return {"arch": "t2mlr", "base": base_section(config.base_config), "l_start": config.l_start,
-                "l_end": config.l_end, **_t2mlr_settings(preset)}
-    if spec.kind == "transformer":
-        return {"arch": "transformer", "base": base_section(config)}
-    return {"arch": spec.kind, "base": base_section(config.base_config), **_wrapper_settings(config)}
-
-
 def _spec_settings(spec: ModelSpec, preset: FinetunePreset) -> dict[str, Any]:
     """The arm's own settings for a retrofit (the spec's numbers)."""
     if spec.kind == "t2mlr":
@@ -210,7 +196,7 @@ def _section_from_checkpoint(spec: ModelSpec, directory: str, preset: FinetunePr
         raise ValueError(f"--from for arm {spec.name}: {path} holds no config.json (a saved model or trainer checkpoint)")
     config = AutoConfig.from_pretrained(str(path))
     check_checkpoint_matches(spec, config, f"--from {path}")
-    section = _section_of_config(spec, config, preset)
+    section = arm_model_section(spec, config, _t2mlr_settings(preset))
     if spec.kind == "t2mlr":  # the checkpoint's own recurrence settings, the preset's training choices
         section.update({k: getattr(config, k) for k in ("d_forward", "d_backward") if hasattr(config, k)})
     return {**section, "init_from": str(path)}
@@ -224,7 +210,7 @@ def model_sections(plan: FinetunePlan, tokenizer: PreTrainedTokenizerBase) -> tu
     if start.kind == "retrofit":
         return {s.name: {"arch": s.kind, "pretrained": start.model, **_spec_settings(s, preset)} for s in plan.specs}, None
     target, arms = matched_arms(_scratch_base(preset, tokenizer), list(plan.specs), **_t2mlr_settings(preset))
-    return {arm.spec.name: _section_of_config(arm.spec, arm.config, preset) for arm in arms}, target
+    return {arm.spec.name: arm_model_section(arm.spec, arm.config, _t2mlr_settings(preset)) for arm in arms}, target
 
 
 def train_config(preset: FinetunePreset, model: dict[str, Any], data_dir: Path, device: str) -> TrainConfig:

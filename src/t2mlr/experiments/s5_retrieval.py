@@ -36,21 +36,20 @@ from t2mlr.baselines.matching import (
     MatchedSet,
     ModelSpec,
     count_parameters,
-    matched_looped_config,
+    matched_arms,
     matched_models,
-    matched_pause_config,
     parse_model_spec,
 )
 from t2mlr.experiments.concurrent_runs import RunJob, resolve_workers, train_runs
 from t2mlr.experiments.s5_data import S5DataSpec
 from t2mlr.experiments.s5_eval import NMetrics, evaluate_by_n, summarize
 from t2mlr.experiments.s5_presets import MODEL_NAMES, S5Preset, t2mlr_config
-from t2mlr.model import T2MLRConfig
 from t2mlr.tasks.jsonl import read_jsonl, write_jsonl
 from t2mlr.tasks.tokenizers import build_s5_tokenizer
 from t2mlr.training.config import TrainConfig, config_from_tree
 from t2mlr.training.runs import (
     accumulated_train_seconds,
+    arm_model_section,
     base_section,
     claim_run_dirs,
     load_trained,
@@ -178,40 +177,19 @@ def model_sections(
     """
     config = t2mlr_config(preset, len(tokenizer), tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id)
     matched = matched_models(config, lstm_layers=preset.lstm_layers)
-    t2mlr_section = {
-        "arch": "t2mlr",
-        "base": base_section(config.base_config),
-        "l_start": preset.l_start,
-        "l_end": preset.l_end,
-        "d_forward": preset.d_forward,
-        "d_backward": preset.d_backward,
-        "train_recurrence": preset.train_recurrence,
-        "eval_recurrence": "exact",
-    }
+    t2mlr_settings = {"d_forward": preset.d_forward, "d_backward": preset.d_backward,
+                      "train_recurrence": preset.train_recurrence, "eval_recurrence": "exact"}
     sections = {
-        "t2mlr": t2mlr_section,
+        "t2mlr": {"arch": "t2mlr", "base": base_section(config.base_config), "l_start": preset.l_start,
+                  "l_end": preset.l_end, **t2mlr_settings},
         "transformer": {"arch": "transformer", "base": base_section(matched.transformer)},
         "lstm": {"arch": "transformer", "base": base_section(matched.lstm)},
     }
-    for name in models:
-        spec = arm_spec(name)
-        if spec is not None:
-            sections[name] = _arm_section(spec, config, t2mlr_section)
+    extra = [name for name in models if arm_spec(name) is not None]
+    if extra:
+        _, arms = matched_arms(config.base_config, [arm_spec(name) for name in extra], **t2mlr_settings)
+        sections.update({name: arm_model_section(arm.spec, arm.config, t2mlr_settings) for name, arm in zip(extra, arms)})
     return sections, matched
-
-
-def _arm_section(spec: ModelSpec, config: T2MLRConfig, t2mlr_section: dict[str, Any]) -> dict[str, Any]:
-    if spec.kind == "t2mlr":
-        T2MLRConfig.from_base(config.base_config, l_start=spec.start, l_end=spec.end)  # a bad placement fails here
-        return {**t2mlr_section, "l_start": spec.start, "l_end": spec.end}
-    if spec.kind == "looped":
-        looped = matched_looped_config(config, loop_blocks=spec.loop_blocks, loops=spec.loops)
-        return {"arch": "looped", "base": base_section(looped.base_config), "loop_blocks": spec.loop_blocks,
-                "loops": spec.loops}
-    if spec.kind == "pause":
-        pause = matched_pause_config(config, pauses=spec.period - 1)
-        return {"arch": "pause", "base": base_section(pause.base_config), "pauses": spec.period - 1}
-    raise ValueError(f"the matched Transformer is the model named 'transformer', not {spec.name!r}")
 
 
 def train_config(preset: S5Preset, name: str, model: dict[str, Any], tokenizer_dir: Path, device: str) -> TrainConfig:

@@ -19,9 +19,10 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
+    from t2mlr.baselines.matching import ModelSpec
     from t2mlr.training.config import TrainConfig
 
-__all__ = ["TIME_FILE", "accumulated_train_seconds", "base_section", "claim_run_dirs", "load_trained"]
+__all__ = ["TIME_FILE", "accumulated_train_seconds", "arm_model_section", "base_section", "claim_run_dirs", "load_trained"]
 
 TIME_FILE = "train_time.json"  # training seconds summed over resumed attempts
 _NOT_BASE_KEYS = {"transformers_version", "architectures", "_name_or_path", "dtype"}
@@ -33,6 +34,19 @@ def base_section(config: PretrainedConfig) -> dict[str, Any]:
     fields = {k: v for k, v in config.to_diff_dict().items() if k not in _NOT_BASE_KEYS}
     fields["model_type"] = config.model_type
     return fields
+
+
+def arm_model_section(spec: ModelSpec, config: PretrainedConfig, t2mlr_settings: dict[str, Any]) -> dict[str, Any]:
+    """The trainer's `model:` section that builds a comparison arm's config from scratch (`config`: the arm
+    as `t2mlr.baselines.matching.matched_arms` built it); T²MLR arms add the experiment's
+    `t2mlr_settings` (depths, training and evaluation paths)."""
+    if spec.kind == "t2mlr":
+        return {"arch": "t2mlr", "base": base_section(config.base_config), "l_start": config.l_start,
+                "l_end": config.l_end, **t2mlr_settings}
+    if spec.kind == "transformer":
+        return {"arch": "transformer", "base": base_section(config)}
+    settings = {name: getattr(config, name) for name in type(config).settings_fields()}
+    return {"arch": spec.kind, "base": base_section(config.base_config), **settings}
 
 
 def claim_run_dirs(out: str | Path, names: Sequence[str], *, resume: bool, overwrite: bool) -> list[str]:
