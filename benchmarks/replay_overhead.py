@@ -3,18 +3,21 @@ of the replay against the (32, 32) Jacobi anchor on a trained checkpoint.
 
 In on-policy RL the rollout's generate() has already computed the exact recurrent states of every token, so
 the update starts the Jacobi iteration from them (`initial_states=`) with d_forward = d_backward: no seed
-pass and no detached passes, only the passes that carry gradients. One step = forward + backward + gradient
-clipping + AdamW over one row, as in the trainer. Three variants share one model's weights and optimizer:
+pass and no detached passes. One step = forward + backward + gradient clipping + AdamW over one row, as in
+the trainer. Four variants share one model's weights and optimizer:
 
-    plain        the base decoder alone (the Transformer the T²MLR model wraps)
-    replay       T²MLR, Jacobi from the row's exact states, d_forward = d_backward = --replay-depth (4)
-    jacobi       T²MLR, Jacobi from the seed pass, (--d-forward, --d-backward) = (16, 4)
+    plain            the base decoder alone (the Transformer the T²MLR model wraps)
+    replay           T²MLR from the row's exact states, `exact_states=True`: one middle-block pass whose
+                     backward is that of d = --replay-depth (4) iterates (t2mlr.model.fixed_point); GRPO's update
+    replay iterated  the same gradient the long way: d iterates and the final pass, each with its graph
+    jacobi           T²MLR, Jacobi from the seed pass, (--d-forward, --d-backward) = (16, 4)
 
 Timing: --repeats rounds after --warmup untimed steps of each; each round runs every variant once, the order
 rotated per round; reported: median step times and the medians of the per-round ratios, with the FLOP model's
-ratio beside each (`t2mlr.baselines.costs.DecoderShape`; the replay counts d + 1 fused middle-block passes,
-all with gradients, and no seed pass). Gates are set to γ_cur = -0.5, γ_rec = 0.5 (a fresh model's γ = 0
-would make Φ the identity).
+ratio beside each (`t2mlr.baselines.costs.DecoderShape`; the iterated replay counts d + 1 fused middle-block
+passes, all with gradients; the one-pass replay one pass, one backward and d products with respect to R,
+each costed as the block's matmuls once and its attention twice). Gates are set to γ_cur = -0.5,
+γ_rec = 0.5 (a fresh model's γ = 0 would make Φ the identity).
 
 Gradient fidelity (--checkpoint DIR, a checkpoint of a `t2mlr train` run: its config.yaml names the data): on
 the run's own training rows, the cosine between the replay's loss gradient (from the
@@ -83,6 +86,20 @@ def replay_step_flops(config: Any, seq_len: int, depth: int) -> float:
     return forward + backward
 
 
+def one_pass_replay_step_flops(config: Any, seq_len: int, depth: int) -> float:
+    """Forward + backward of one row replayed with `exact_states=True`: one fused middle-block pass, one
+    ordinary backward, and `depth` vector-Jacobian products with respect to R (input gradients only: the
+    block's matmuls once, its attention's two products twice, the fusion once)."""
+    shape = DecoderShape.of(config)
+    pairs = causal_pairs(seq_len)
+    block = shape.block_matmuls(seq_len) + shape.attention(pairs)
+    middle = config.l_end - config.l_start + 1
+    outside = (shape.layers - middle) * block + shape.head(seq_len)
+    forward = outside + middle * block + shape.fusion(seq_len)
+    state_products = depth * (middle * (shape.block_matmuls(seq_len) + 2 * shape.attention(pairs)) + shape.fusion(seq_len))
+    return 3 * forward + state_products
+
+
 def base_shape(args: argparse.Namespace) -> Any:
     """SmolLM2-135M (hidden 576, vocabulary 49152), or its proportions at another width."""
     return smollm2_shaped_config(args.hidden, vocab_size=args.vocab)
@@ -96,8 +113,10 @@ def predicted_ratios(l_start: int, l_end: int, args: argparse.Namespace) -> dict
     plain = train_step_flops(base_shape(args), args.seq)
     jacobi = train_step_flops(t2mlr_config(l_start, l_end, args, d_forward=args.d_forward, d_backward=args.d_backward),
                               args.seq)
-    replay = replay_step_flops(t2mlr_config(l_start, l_end, args), args.seq, args.replay_depth)
-    return {"replay/plain": replay / plain, "jacobi/plain": jacobi / plain, "jacobi/replay": jacobi / replay}
+    iterated = replay_step_flops(t2mlr_config(l_start, l_end, args), args.seq, args.replay_depth)
+    replay = one_pass_replay_step_flops(t2mlr_config(l_start, l_end, args), args.seq, args.replay_depth)
+    return {"replay/plain": replay / plain, "iterated/plain": iterated / plain, "jacobi/plain": jacobi / plain,
+            "jacobi/replay": jacobi / replay, "jacobi/iterated": jacobi / iterated}
 
 
 # ------------------------------------------------------------------------------------------- timing
@@ -135,7 +154,9 @@ def time_placement(l_start: int, l_end: int, args: argparse.Namespace) -> dict[s
     variants = {
         "plain": step_function(model, optimizer, lambda: model.base(ids, labels=ids)),
         "replay": step_function(model, optimizer, lambda: model(ids, labels=ids, recurrence="jacobi", initial_states=states,
-                                                                 d_forward=depth, d_backward=depth)),
+                                                                 d_backward=depth, exact_states=True)),
+        "iterated": step_function(model, optimizer, lambda: model(ids, labels=ids, recurrence="jacobi", initial_states=states,
+                                                                   d_forward=depth, d_backward=depth)),
         "jacobi": step_function(model, optimizer, lambda: model(ids, labels=ids, recurrence="jacobi", d_forward=args.d_forward,
                                                                  d_backward=args.d_backward, jacobi_tol=None)),
     }
@@ -154,8 +175,9 @@ def time_placement(l_start: int, l_end: int, args: argparse.Namespace) -> dict[s
     ratio = lambda a, b: statistics.median(x / y for x, y in zip(times[a], times[b]))
     return {
         "median_s": {name: statistics.median(values) for name, values in times.items()},
-        "replay/plain": ratio("replay", "plain"), "jacobi/plain": ratio("jacobi", "plain"),
-        "jacobi/replay": ratio("jacobi", "replay"), "predicted": predicted_ratios(l_start, l_end, args),
+        "replay/plain": ratio("replay", "plain"), "iterated/plain": ratio("iterated", "plain"),
+        "jacobi/plain": ratio("jacobi", "plain"), "jacobi/replay": ratio("jacobi", "replay"),
+        "jacobi/iterated": ratio("jacobi", "iterated"), "predicted": predicted_ratios(l_start, l_end, args),
     }
 
 
@@ -194,6 +216,8 @@ def fidelity(args: argparse.Namespace) -> list[list[str]]:
     exact = gradient(recurrence="exact")
     depth = args.replay_depth
     settings = {
+        f"replay, one pass (exact_states), d = {depth}": {"recurrence": "jacobi", "initial_states": states,
+                                                          "d_backward": depth, "exact_states": True},
         f"replay d_f = d_b = {depth}": {"recurrence": "jacobi", "initial_states": states, "d_forward": depth, "d_backward": depth},
         "replay d_f = d_b = 1": {"recurrence": "jacobi", "initial_states": states, "d_forward": 1, "d_backward": 1},
         "replay d_f = d_b = 8": {"recurrence": "jacobi", "initial_states": states, "d_forward": 8, "d_backward": 8},
@@ -229,14 +253,15 @@ def main(argv: list[str] | None = None) -> None:
             result = time_placement(l_start, l_end, args)
             p = result["predicted"]
             m = result["median_s"]
-            rows.append([f"({l_start},{l_end})", f"{m['plain']:.2f}", f"{m['replay']:.2f}", f"{m['jacobi']:.2f}",
-                         f"{result['replay/plain']:.2f}× (FLOPs {p['replay/plain']:.2f}×)",
-                         f"{result['jacobi/plain']:.2f}× (FLOPs {p['jacobi/plain']:.2f}×)",
-                         f"{result['jacobi/replay']:.2f}× (FLOPs {p['jacobi/replay']:.2f}×)"])
+            measured = lambda key: f"{result[key]:.2f}× (FLOPs {p[key]:.2f}×)"
+            rows.append([f"({l_start},{l_end})", f"{m['plain']:.2f}", f"{m['replay']:.2f}", f"{m['iterated']:.2f}",
+                         f"{m['jacobi']:.2f}", measured("replay/plain"), measured("iterated/plain"),
+                         measured("jacobi/plain"), measured("jacobi/replay"), measured("jacobi/iterated")])
         print(f"\nseq {args.seq}, batch {args.batch}, fp32, replay depth {args.replay_depth}, Jacobi "
               f"({args.d_forward}, {args.d_backward}); medians of {args.repeats} rotated rounds after {args.warmup} warm-up\n")
-        print(markdown_table(["placement", "plain s", "replay s", f"Jacobi ({args.d_forward},{args.d_backward}) s",
-                              "replay / plain", "Jacobi / plain", "Jacobi / replay (speed-up)"], rows))
+        print(markdown_table(["placement", "plain s", "replay s", "iterated replay s",
+                              f"Jacobi ({args.d_forward},{args.d_backward}) s", "replay / plain", "iterated / plain",
+                              "Jacobi / plain", "Jacobi / replay (speed-up)", "Jacobi / iterated"], rows))
     if args.checkpoint is not None:
         print()
         print(markdown_table(["gradient", "cosine vs Jacobi (32,32)", "rel. l2 vs (32,32)", "cosine vs exact"],

@@ -201,6 +201,8 @@ def test_readme_rl_commands_at_a_tiny_scale(tmp_path, capsys) -> None:
     assert "| (13,18) |" in text and "| (5,26) |" in text and "FLOPs" in text
     cosine = next(line for line in text.splitlines() if line.startswith("| replay d_f = d_b = 4 |")).split("|")[2]
     assert 0.9 < float(cosine) <= 1.0 + 1e-9
+    one_pass = next(line for line in text.splitlines() if line.startswith("| replay, one pass")).split("|")[2]
+    assert abs(float(one_pass) - float(cosine)) <= 2e-4  # the same gradient, computed the short way
 
     load_benchmark("stale_states").main(["--epochs", "2", "--rows", "8", "--batch", "4", "--seq", "16"])
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 2 |")]

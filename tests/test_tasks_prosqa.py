@@ -132,3 +132,19 @@ def test_bad_config() -> None:
         generate_prosqa_hard(1, nodes_range=(10, 10), path_range=(8, 8))
     with pytest.raises(ValueError):
         generate_prosqa_hard(1, path_range=(0, 3))
+
+
+def test_name_pool_draws_every_concept_from_one_fixed_list() -> None:
+    settings = dict(nodes_range=(7, 8), path_range=(2, 2), edge_factor=1.2, name_pool=20)
+    train = generate_prosqa_hard(40, seed=0, stream="train", **settings)
+    held_out = generate_prosqa_hard(40, seed=3, stream="eval", **settings)
+    names = lambda rows: {x for r in rows for e in r["edges"] for x in e}
+    assert len(names(train)) <= 20 and len(names(held_out)) <= 20
+    assert len(names(train) | names(held_out)) <= 20  # one list for every seed and stream
+    assert len(names(generate_prosqa_hard(40, seed=0, nodes_range=(7, 8), path_range=(2, 2), edge_factor=1.2))) > 20
+    for s in train:  # the graph invariants hold with pooled names too
+        dist = bfs(s["edges"], s["root"])
+        assert s["wrong"] not in dist and dist[s["correct"]] == s["path_len"]
+        assert check_path(s, "\n".join(s["steps"]))
+    with pytest.raises(ValueError, match="name_pool 6 is smaller"):
+        generate_prosqa_hard(1, nodes_range=(7, 8), path_range=(2, 2), name_pool=6)

@@ -99,3 +99,21 @@ def test_fsdp_two_ranks_match_single_process_across_resume(tmp_path: Path, singl
     assert_same_run(run, single_run)
     assert "returned a view tensor" not in stderr  # the model returns no views for FSDP2 to warn about
     assert "parallel fsdp × 2 rank(s)" in (run / "train.log").read_text()
+
+
+@pytest.mark.slow
+def test_fsdp_with_the_one_pass_replay_backward_matches_single_process(tmp_path: Path) -> None:
+    """Exact-path training with a BPTT window replays the exact states with `FixedPointBackward`, whose
+    backward runs nested autograd passes through the sharded middle block: FSDP2's hooks must survive them."""
+    extra = ["model.train_recurrence=exact", "model.bptt_window=2", "train.max_steps=2"]
+    single = tmp_path / "single"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        train(load_config("debug", TINY + SINGLE + extra), single)
+    finally:
+        torch.set_num_threads(threads)
+    torchrun(tmp_path / "fsdp", "fsdp", *extra)
+    for key in ("loss", "grad_norm", "gamma_rec"):
+        assert [r[key] for r in records(tmp_path / "fsdp", "train")] == pytest.approx(
+            [r[key] for r in records(single, "train")], rel=1e-5, abs=1e-7), key

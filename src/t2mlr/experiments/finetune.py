@@ -241,7 +241,9 @@ def _task_tokenizer(plan: FinetunePlan, train: list[dict[str, Any]]) -> PreTrain
     start = plan.start
     if start.kind == "scratch":
         spec = get_task(plan.preset.task)
-        return build_task_tokenizer((r["prompt"] + r["target"] for r in train), spec.phrases, spec.syllables)
+        # ProsQA with a fixed name pool: every concept is a training word, so whole words cover the evaluation
+        syllables = spec.syllables and not plan.preset.task_settings.get("name_pool")
+        return build_task_tokenizer((r["prompt"] + r["target"] for r in train), spec.phrases, syllables)
     source = start.model if start.kind == "retrofit" else start.checkpoints[plan.specs[0].name]
     tokenizer = load_tokenizer(source)
     if tokenizer.pad_token_id is None:  # left padding for batched generation needs a pad id; EOS is masked anyway

@@ -152,10 +152,12 @@ def checked_incoming_state(cache: T2MLRCache, past: int) -> torch.Tensor:
 
 
 def checked_initial_states(
-    states: torch.Tensor | None, recurrence: str, batch: int, length: int, hidden_size: int
+    states: torch.Tensor | None, recurrence: str, batch: int, length: int, hidden_size: int, exact: bool = False
 ) -> torch.Tensor | None:
     """Given recurrent states start the Jacobi iteration; they must cover every token of the chunk."""
     if states is None:
+        if exact:
+            raise ValueError("exact_states=True says the given initial_states are exact: pass initial_states too")
         return None
     if recurrence != "jacobi":
         raise ValueError(f"initial_states start the Jacobi iteration: pass recurrence='jacobi', not {recurrence!r}")

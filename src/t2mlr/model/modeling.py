@@ -34,6 +34,7 @@ from t2mlr.utils import check_known_names
 from . import checks
 from .cache import T2MLRCache
 from .configuration import ForwardPath, T2MLRConfig
+from .fixed_point import FixedPointBackward
 from .fusion import CacheNorm, GatedFusion
 from .generation import T2MLRGenerationMixin
 from .layout import (
@@ -175,6 +176,7 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, T2MLRGenerationMixin):
         recurrence_mask: torch.Tensor | None = None,
         document_ids: torch.Tensor | None = None,
         initial_states: torch.Tensor | None = None,
+        exact_states: bool = False,
         bptt_window: int | None = None,
         output_hidden_states: bool | None = None,
         **kwargs: Any,
@@ -187,6 +189,10 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, T2MLRGenerationMixin):
         `initial_states` (batch, seq, hidden): R after every token of the chunk, e.g. the exact states a
         rollout computed (`generate(..., output_recurrent_states=True)`); the Jacobi path starts from them
         instead of the seed pass, so with exact states every d_forward >= 1 gives the exact forward.
+        `exact_states=True` says they are exact (the fixed point): the middle block then runs once, and its
+        backward is exactly that of d_backward gradient-carrying iterates (`t2mlr.model.fixed_point`), at
+        about a third of their cost; d_forward does not matter. With states that are not exact (stale ones
+        from an earlier epoch) leave it False: the iterates then move, and only the iterated path is right.
         `output_hidden_states=True` returns every block's output in transformers' convention
         (embeddings, blocks 1..L-1, the final norm of block L), on every path."""
         path = self.forward_path(
@@ -200,14 +206,18 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, T2MLRGenerationMixin):
         )
         batch, length = layout.real.shape
         recurrence_mask = checks.checked_recurrence_mask(recurrence_mask, self.config.recurrence_mask_policy, batch, length)
-        initial_states = checks.checked_initial_states(initial_states, path.recurrence, batch, length, self.config.hidden_size)
+        initial_states = checks.checked_initial_states(
+            initial_states, path.recurrence, batch, length, self.config.hidden_size, exact_states
+        )
         hidden = inputs_embeds if input_ids is None else self.base.model.embed_tokens(input_ids)
         inputs = layer_inputs(self.config.base_config, self.base.model.rotary_emb, hidden, attention_mask, layout, cache)
         wanted = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
         record = [hidden] if wanted else None
 
         hidden = self._run_layers(self.prefix_layer_indices(), hidden, inputs, record)
-        hidden, r_out, iterations = self._middle(path, hidden, inputs, layout, recurrence_mask, past, initial_states, record)
+        hidden, r_out, iterations = self._middle(
+            path, hidden, inputs, layout, recurrence_mask, past, initial_states, exact_states, record
+        )
         hidden = self._run_layers(self.suffix_layer_indices(), hidden, inputs, record)
         if record is not None:
             record[-1] = self.base.model.norm(hidden)  # transformers' convention: the last entry is normed
@@ -239,6 +249,7 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, T2MLRGenerationMixin):
         recurrence_mask: torch.Tensor | None,
         past: int,
         initial_states: torch.Tensor | None = None,
+        exact_states: bool = False,
         record: list | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, int | torch.Tensor | None]:
         """Blocks l_start..l_end on the chosen path: their output, R after each token, Jacobi iterates."""
@@ -259,6 +270,11 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, T2MLRGenerationMixin):
                 "Jacobi over a multi-token chunk needs an empty cache (it is a prefill); continue a "
                 "cached sequence with recurrence='exact' or one token at a time"
             )
+        elif exact_states:
+            h_end, r_out = self._replayed_middle(
+                h_low, r_in, inputs, layout, recurrence_mask, path.d_backward, initial_states, record
+            )
+            iterations = path.d_backward
         else:
             h_end, r_out, iterations = self._jacobi_middle(
                 h_low, r_in, inputs, layout, recurrence_mask, path, initial_states, record
@@ -332,18 +348,37 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, T2MLRGenerationMixin):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The exact path with truncated backpropagation through time (docs/semantics.md §5.1).
 
-        The exact states come from the token-by-token loop without gradients; then `bptt_window` fused
-        passes over the whole chunk run with gradients, starting from those states. The states are the
-        fixed point, so the values are the exact path's, and the loss at token t reaches back through R
-        to tokens t-1 .. t-bptt_window only (window 1: R detached after every token)."""
+        The exact states come from the token-by-token loop without gradients; then they are replayed
+        (`_replayed_middle`): one fused pass over the whole chunk whose backward is that of `bptt_window`
+        Jacobi iterates at the fixed point. The values are the exact path's, and the loss at token t
+        reaches back through R to tokens t-1 .. t-bptt_window only (window 1: R detached after every token)."""
         if inputs.cache is not None:
             raise ValueError("bptt_window applies to training forwards without a cache (no past_key_values)")
         with torch.no_grad():
             _, exact_states = self._exact_middle(h_low, r_in, inputs, layout, recurrence_mask)
-        window = path.bptt_window
-        replay = ForwardPath("jacobi", d_forward=window, d_backward=window)
-        h_end, r_out, _ = self._jacobi_middle(h_low, r_in, inputs, layout, recurrence_mask, replay, exact_states, record)
-        return h_end, r_out
+        return self._replayed_middle(h_low, r_in, inputs, layout, recurrence_mask, path.bptt_window, exact_states, record)
+
+    def _replayed_middle(
+        self,
+        h_low: torch.Tensor,
+        r_in: torch.Tensor,
+        inputs: LayerInputs,
+        layout: TokenLayout,
+        recurrence_mask: torch.Tensor | None,
+        depth: int,
+        states: torch.Tensor,
+        record: list | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Replay from exact states: one fused pass of the middle block reading them; with gradients on, its
+        backward is that of `depth` Jacobi iterates at this fixed point (`FixedPointBackward`)."""
+        latest_real = latest_real_index(layout.real)
+        r_given = states.to(h_low.dtype).detach().requires_grad_(torch.is_grad_enabled())
+        r_read = states_read(r_given, r_in, latest_real, layout.document_start)
+        h_end = self._run_layers(self.middle_layer_indices(), self._fuse(h_low, r_read, recurrence_mask), inputs, record)
+        r_written = self._write_state(h_end, r_read, layout.real)
+        if torch.is_grad_enabled():
+            h_end, r_written = FixedPointBackward.apply(h_end, r_written, r_given, depth)
+        return h_end, gather_states(r_written, r_in, latest_real)
 
     # ----------------------------------------------------------------------------- Jacobi path
     def _jacobi_middle(

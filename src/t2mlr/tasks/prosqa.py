@@ -16,6 +16,11 @@ counted in "Every" edges, uniform in ``path_range``):
    stays unreachable from the root, no path from the root to the correct option becomes shorter
    than the gold path, and both options stay sinks (no outgoing edges).
 
+``name_pool`` (optional) draws every sample's concept names from one fixed list of that many names,
+the same for every seed and stream, instead of fresh names per sample: with a pool, a small word-level
+tokenizer can give each concept one token, which is what a from-scratch CPU-sized model needs (the
+held-out problems still have their own graphs, just not new words).
+
 Text format (Coconut's, as in the paper's data-example table): ``question`` is the shuffled
 facts, then "Name is a Root.", then "Is Name a A or a B?" (option order random), all joined by
 single spaces; ``steps`` is ["Name is a Root.", "Every Root is a C1.", …, "Every C_{L-1} is a
@@ -158,13 +163,20 @@ def _build_graph(rng: random.Random, num_nodes: int, path_len: int, edge_factor:
     return dag, spec
 
 
+def _name_pool(size: int) -> list[str]:
+    """The fixed list of `size` concept names (`name_pool`): one seed for every call, so the training and
+    evaluation streams draw from the same words."""
+    return _concept_names(random.Random(f"prosqa-name-pool-{size}"), size)
+
+
 def _make_sample(
-    rng: random.Random, nodes_range: tuple[int, int], path_range: tuple[int, int], edge_factor: float
+    rng: random.Random, nodes_range: tuple[int, int], path_range: tuple[int, int], edge_factor: float,
+    pool: list[str] | None = None,
 ) -> dict[str, Any]:
     path_len = rng.randint(*path_range)
     num_nodes = rng.randint(*nodes_range)
     dag, spec = _build_graph(rng, num_nodes, path_len, edge_factor)
-    names = _concept_names(rng, num_nodes)
+    names = _concept_names(rng, num_nodes) if pool is None else rng.sample(pool, num_nodes)
     entity = rng.choice(_PEOPLE)
     root, correct, wrong = names[spec.root], names[spec.correct], names[spec.wrong]
     edges = [[names[u], names[w]] for u, w in dag.edges]
@@ -192,8 +204,12 @@ def _make_sample(
     }
 
 
-def _validate(nodes_range: tuple[int, int], path_range: tuple[int, int], edge_factor: float) -> None:
-    """The gold path, the wrong option and its chain need room among the nodes."""
+def _validate(nodes_range: tuple[int, int], path_range: tuple[int, int], edge_factor: float,
+              name_pool: int | None = None) -> None:
+    """The gold path, the wrong option and its chain need room among the nodes; a name pool needs a name
+    for every node."""
+    if name_pool is not None and name_pool < nodes_range[1]:
+        raise ValueError(f"name_pool {name_pool} is smaller than the largest graph ({nodes_range[1]} nodes)")
     if not (1 <= path_range[0] <= path_range[1]):
         raise ValueError(f"path_range must satisfy 1 <= lo <= hi, got {path_range}")
     if not (nodes_range[0] <= nodes_range[1]):
@@ -211,6 +227,7 @@ def iter_prosqa_hard(
     edge_factor: float = 1.5,
     seed: int = 0,
     stream: str = "train",
+    name_pool: int | None = None,
 ) -> Iterator[dict[str, Any]]:
     """ProsQA-Hard samples one at a time (None: without end), deterministic in (seed, stream).
 
@@ -218,9 +235,10 @@ def iter_prosqa_hard(
     a caller can show progress, or draw until it has enough, and get exactly what
     `generate_prosqa_hard` returns.
     """
-    _validate(nodes_range, path_range, edge_factor)
+    _validate(nodes_range, path_range, edge_factor, name_pool)
+    pool = None if name_pool is None else _name_pool(name_pool)
     return seeded_samples("prosqa-hard", num_samples, seed, stream,
-                          lambda rng: _make_sample(rng, nodes_range, path_range, edge_factor))
+                          lambda rng: _make_sample(rng, nodes_range, path_range, edge_factor, pool))
 
 
 def generate_prosqa_hard(
@@ -230,9 +248,10 @@ def generate_prosqa_hard(
     edge_factor: float = 1.5,
     seed: int = 0,
     stream: str = "train",
+    name_pool: int | None = None,
 ) -> list[dict[str, Any]]:
     """``num_samples`` ProsQA-Hard samples, deterministic in (seed, stream)."""
-    return list(iter_prosqa_hard(num_samples, nodes_range, path_range, edge_factor, seed, stream))
+    return list(iter_prosqa_hard(num_samples, nodes_range, path_range, edge_factor, seed, stream, name_pool))
 
 
 def _sentences(text: str) -> list[str]:

@@ -2,10 +2,10 @@
 
 During an on-policy rollout `generate()` runs the recurrence token by token, so it has already computed
 the exact R after every token (`output_recurrent_states=True`). The update then needs no Jacobi
-refinement: the Jacobi path starts from those states (`initial_states=`), whose every iterate is the
-fixed point, with d_forward = d_backward = `grpo.replay_depth`. Only the passes that carry gradients run:
-no seed pass and no detached passes (docs/semantics.md §5.2, "Replay"). The gradient is the one of
-truncated BPTT with window `replay_depth` (the Jacobi path's d_backward).
+refinement: the Jacobi path starts from those states (`initial_states=`, `exact_states=True`), whose every
+iterate is the fixed point, so the middle block runs once and its backward is that of `grpo.replay_depth`
+gradient-carrying iterates (`t2mlr.model.fixed_point`): no seed pass, no detached pass, no repeated pass
+(docs/semantics.md §5.2, "Replay"). The gradient is the one of truncated BPTT with window `replay_depth`.
 
 The algorithm follows TRL's `GRPOTrainer` (the reference semantics):
 
@@ -29,7 +29,8 @@ a dependency of this project either.
 
 `iterations > 1` (TRL's μ) reuses each rollout for several updates; from the second update on, the
 rollout's states belong to the previous policy, so the replay starts from slightly stale states (the
-situation the trainer's `train.warm_start_states` option measures for multi-epoch finetuning).
+situation the trainer's `train.warm_start_states` option measures for multi-epoch finetuning) and runs the
+iterated Jacobi path, d_forward = d_backward = `replay_depth`, which moves them toward the new fixed point.
 
 Determinism: the prompts of step s are samples s·P .. (s+1)·P − 1 of the task's stream and sampling is
 seeded by (train.seed, s), so a resumed run draws what an uninterrupted one draws.
@@ -301,12 +302,14 @@ def sample_rollout(model: Any, task: VerifiableTask, tokenizer: Any, samples: li
     return Rollout(samples, sequences, attention, out.recurrent_states, length, mask, completions, rewards, advantages)
 
 
-def replay_log_probs(model: Any, rollout: Rollout, rows: slice, depth: int, temperature: float) -> torch.Tensor:
+def replay_log_probs(model: Any, rollout: Rollout, rows: slice, depth: int, temperature: float,
+                     exact: bool = True) -> torch.Tensor:
     """log π of the completion tokens of `rows`, from a Jacobi forward that starts at the rollout's states
-    (d_forward = d_backward = depth: no seed pass, no detached pass)."""
+    (d_forward = d_backward = depth: no seed pass, no detached pass). `exact`: the states are the current
+    policy's (one middle-block pass); False once the policy has moved since the rollout (iterated path)."""
     out = model(
         input_ids=rollout.sequences[rows], attention_mask=rollout.attention_mask[rows], recurrence="jacobi",
-        initial_states=rollout.states[rows], d_forward=depth, d_backward=depth,
+        initial_states=rollout.states[rows], d_forward=depth, d_backward=depth, exact_states=exact,
     )
     logits = out.logits[:, rollout.prompt_length - 1 : -1]
     return token_log_probs(logits, rollout.completion_ids[rows], temperature)
@@ -418,10 +421,12 @@ class GrpoTrainer:
                                                for rows in slices])
         return rollout
 
-    def policy_loss(self, rollout: Rollout, rows: slice, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """This micro-batch's share of the step's loss, its KL and clip terms (weighted like the loss)."""
+    def policy_loss(self, rollout: Rollout, rows: slice, weights: torch.Tensor,
+                    states_exact: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """This micro-batch's share of the step's loss, its KL and clip terms (weighted like the loss).
+        `states_exact`: the policy has not been updated since the rollout."""
         g = self.cfg.grpo
-        log_probs = replay_log_probs(self.model, rollout, rows, g.replay_depth, g.temperature)
+        log_probs = replay_log_probs(self.model, rollout, rows, g.replay_depth, g.temperature, states_exact)
         old = log_probs.detach() if rollout.old_log_probs is None else rollout.old_log_probs[rows]
         ref = None if rollout.ref_log_probs is None else rollout.ref_log_probs[rows]
         epsilon_high = g.epsilon if g.epsilon_high is None else g.epsilon_high
@@ -436,10 +441,10 @@ class GrpoTrainer:
         weights = token_weights(rollout.mask, g.loss_type, g.max_new_tokens)
         norm = weights.sum().clamp(min=1e-12)  # KL and clip fraction: averages with the loss's weights
         stats = UpdateStats(0.0, 0.0, 0.0, 0.0)
-        for _ in range(g.iterations):
+        for iteration in range(g.iterations):
             loss_sum = kl_sum = clip_sum = 0.0
             for rows in row_slices(rollout.sequences.shape[0], g.micro_batch_size):
-                loss, kl, clipped = self.policy_loss(rollout, rows, weights)
+                loss, kl, clipped = self.policy_loss(rollout, rows, weights, states_exact=iteration == 0)
                 loss.backward()
                 loss_sum, kl_sum, clip_sum = loss_sum + float(loss.detach()), kl_sum + float(kl), clip_sum + float(clipped)
             if not math.isfinite(loss_sum):
