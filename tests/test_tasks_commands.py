@@ -68,3 +68,12 @@ def test_prosqa_command(tmp_path) -> None:
     train, evals = read_jsonl(out / "train.jsonl"), read_jsonl(out / "eval.jsonl")
     assert len(train) == 4 and len(evals) == 2
     assert all(check_path(s, s["target"]) for s in train + evals)
+
+
+def test_prosqa_command_with_a_name_pool(tmp_path) -> None:
+    out = tmp_path / "pq"
+    assert main(["data", "prosqa-hard", "--out", str(out), "--train-size", "6", "--eval-size", "4",
+                 "--nodes", "7-8", "--path-len", "2-2", "--name-pool", "12"]) == 0
+    rows = read_jsonl(out / "train.jsonl") + read_jsonl(out / "eval.jsonl")
+    assert len({x for s in rows for e in s["edges"] for x in e}) <= 12
+    assert all(check_path(s, s["target"]) for s in rows)

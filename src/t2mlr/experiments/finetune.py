@@ -369,9 +369,10 @@ def _settings_line(plan: FinetunePlan, workers: int) -> str:
     p = plan.preset
     mask = ("on (T²MLR fuses R into target tokens only)" if p.prompt_recurrence_mask else "off (every token fuses R)")
     prefill = p.prefill + (f" (depth {plan.prefill_depth or p.d_forward})" if p.prefill == "jacobi" else "")
+    path = f"jacobi path ({p.d_forward}, {p.d_backward})" if p.train_recurrence == "jacobi" else "exact path"
     return (f"AdamW (lr {p.lr:g}, betas {tuple(p.betas)}, weight decay {p.weight_decay:g}), {p.warmup_steps} warmup "
             f"steps then cosine to {p.min_lr_ratio:g}× lr, batch {p.batch_size}, {p.steps:,} steps, seed {p.seed}; "
-            f"T²MLR trained on the {p.train_recurrence} path; prompt recurrence mask {mask}; evaluation: greedy, "
+            f"T²MLR trained on the {path}; prompt recurrence mask {mask}; evaluation: greedy, "
             f"{p.max_new_tokens} new tokens at most, batches of {p.eval_batch_size} left-padded prompts, T²MLR "
             f"prefill {prefill}; {'arms trained ' + str(workers) + ' at a time' if workers > 1 else 'arms trained in turn'}.")
 

@@ -11,7 +11,9 @@ one of three paths:
 * exact: token by token, R carried from token to token (the definition; also the decode step).
 * jacobi: a seed pass without fusion, then fused refinements of the whole chunk's R at once, then a
   final pass; the detached iterations run in a no-grad loop, the last d_backward in a gradient loop.
-  The middle block runs d_forward + 1 times, everything else once.
+  The middle block runs d_forward + 1 times, everything else once. Started from exact states
+  (`exact_states=True`: a rollout's, or the exact path's own under a BPTT window) it runs once, and its
+  backward is that of d_backward iterates at the fixed point (`fixed_point.FixedPointBackward`).
 * off: the base model unchanged (no fusion, no cache update).
 
 R has one name per role: `r_in` is R before the chunk (from the cache, or R_0 = 0), `r_read` is what

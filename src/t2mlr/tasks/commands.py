@@ -135,7 +135,7 @@ def _run_variable_assignment(args: argparse.Namespace) -> int:
 @_one_line_errors
 def _run_prosqa(args: argparse.Namespace) -> int:
     def stream(count: int | None, name: str) -> Iterator[dict[str, Any]]:
-        return iter_prosqa_hard(count, args.nodes, args.path_len, args.edge_factor, args.seed, name)
+        return iter_prosqa_hard(count, args.nodes, args.path_len, args.edge_factor, args.seed, name, args.name_pool)
 
     train_stream, eval_stream = stream(args.train_size, "train"), stream(None, "eval")  # settings checked here
     out = Path(args.out)
@@ -182,6 +182,8 @@ def _add_prosqa(sub: Any) -> None:
     p.add_argument("--nodes", type=parse_range, default=(56, 64), help="node count range (default 56-64)")
     p.add_argument("--path-len", type=parse_range, default=(7, 9), help="gold path edges range (default 7-9)")
     p.add_argument("--edge-factor", type=float, default=1.5, help="edges per node (default 1.5)")
+    p.add_argument("--name-pool", type=int, default=None,
+                   help="draw concept names from one fixed list of this many (default: fresh names per sample)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_run_prosqa)
 
