@@ -216,6 +216,10 @@ def test_from_checkpoints_and_summary(tmp_path: Path) -> None:
     assert cli_main(["experiment", "finetune-summary", str(first), str(second), "--out", str(summary)]) == 0
     assert (summary / "pass_at_1.png").is_file() and (summary / "variable-assignment_seed0" / "predictions.jsonl").is_file()
     assert "seed spread" in (summary / "results.md").read_text()
+    # summarised again from the per-run copies it keeps (results kept in place): no copy onto itself
+    kept = summary / "variable-assignment_seed0"
+    assert cli_main(["experiment", "finetune-summary", str(kept), "--out", str(summary)]) == 0
+    assert json.loads((kept / "results.json").read_text()) == json.loads((second / "results.json").read_text())
 
 
 # ---------------------------------------------------------------------------------------------- bad input

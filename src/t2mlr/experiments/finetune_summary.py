@@ -60,6 +60,8 @@ def write_summary(runs: list[Path], out: Path) -> dict[str, list[dict[str, Any]]
     out.mkdir(parents=True, exist_ok=True)
     for run, payload in loaded:
         target = out / f"{payload['task']}_seed{payload['preset']['seed']}"
+        if target.resolve() == run.resolve():  # the run's report already sits where the summary keeps it
+            continue
         target.mkdir(exist_ok=True)
         for name in (RESULTS_MD, RESULTS_JSON, PREDICTIONS, FIGURE):
             shutil.copyfile(run / name, target / name)
