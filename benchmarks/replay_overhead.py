@@ -46,7 +46,12 @@ from t2mlr.analysis.benchmarking import (
     parse_placements,
     timed,
 )
-from t2mlr.baselines.costs import DecoderShape, causal_pairs, train_step_flops
+from t2mlr.baselines.costs import (
+    DecoderShape,
+    causal_pairs,
+    replay_middle_flops,
+    train_step_flops,
+)
 from t2mlr.model.shapes import smollm2_shaped_config
 from t2mlr.training.config import OptimConfig
 from t2mlr.training.optim import build_optimizer
@@ -87,17 +92,13 @@ def replay_step_flops(config: Any, seq_len: int, depth: int) -> float:
 
 
 def one_pass_replay_step_flops(config: Any, seq_len: int, depth: int) -> float:
-    """Forward + backward of one row replayed with `exact_states=True`: one fused middle-block pass, one
-    ordinary backward, and `depth` vector-Jacobian products with respect to R (input gradients only: the
-    block's matmuls once, its attention's two products twice, the fusion once)."""
+    """Forward + backward of one row replayed with `exact_states=True` (`t2mlr.baselines.costs.replay_middle_flops`
+    for the middle block; everything else once, with its backward)."""
     shape = DecoderShape.of(config)
-    pairs = causal_pairs(seq_len)
-    block = shape.block_matmuls(seq_len) + shape.attention(pairs)
     middle = config.l_end - config.l_start + 1
+    block = shape.block_matmuls(seq_len) + shape.attention(causal_pairs(seq_len))
     outside = (shape.layers - middle) * block + shape.head(seq_len)
-    forward = outside + middle * block + shape.fusion(seq_len)
-    state_products = depth * (middle * (shape.block_matmuls(seq_len) + 2 * shape.attention(pairs)) + shape.fusion(seq_len))
-    return 3 * forward + state_products
+    return 3 * outside + replay_middle_flops(shape, seq_len, middle, depth)
 
 
 def base_shape(args: argparse.Namespace) -> Any:

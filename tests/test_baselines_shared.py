@@ -241,6 +241,7 @@ def test_train_step_flops_match_torch_flop_counter() -> None:
         eager_base(),
         T2MLRForCausalLM.from_base(eager_base(), 2, 4, d_forward=3, d_backward=2),
         T2MLRForCausalLM.from_base(eager_base(), 2, 4, d_forward=3, d_backward=3),  # the seed pass carries gradients
+        T2MLRForCausalLM.from_base(eager_base(), 2, 4, train_recurrence="exact", bptt_window=3),  # one-pass replay
         LoopedForCausalLM.from_base(eager_base(), loop_blocks="full", loops=2),
         PauseForCausalLM.from_base(eager_base(), pauses=1),
     ]

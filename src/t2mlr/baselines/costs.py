@@ -14,6 +14,8 @@ embedding lookups and the optimizer step (all linear in the width and small next
 * Training: forward + backward over a row of N tokens, the backward costing twice the forward of whatever
   carries gradients. T²MLR on the Jacobi path runs its middle block d_forward + 1 times forward but
   back-propagates through the last d_backward iterates and the final pass only (docs/semantics.md §5.2).
+  Replay from exact states (and exact-path training with a BPTT window, which replays the states of a
+  no-grad token loop) runs it once, plus one input-gradient product per iterate it stands for.
 
 These are predictions of arithmetic, not of time: a CPU or GPU step also pays per-kernel and Python
 overheads that grow with the number of block calls, which is what a measurement adds.
@@ -31,7 +33,10 @@ from t2mlr.baselines.matching import head_dim_of
 from t2mlr.baselines.pause import PauseConfig
 from t2mlr.model import T2MLRConfig
 
-__all__ = ["DecoderShape", "causal_pairs", "decode_flops", "decode_step_flops", "full_pairs", "train_step_flops"]
+__all__ = [
+    "DecoderShape", "causal_pairs", "decode_flops", "decode_step_flops", "full_pairs", "replay_middle_flops",
+    "train_step_flops",
+]
 
 FUSION_FLOPS_PER_D2 = 10  # Φ per token: two (2d → d) linears and one (d → d): 5d² multiply-adds
 
@@ -109,6 +114,16 @@ def decode_flops(config: PretrainedConfig, new_tokens: int, pairs: Pairs = causa
     return sum(decode_step_flops(config, context, pairs) for context in range(1, new_tokens + 1))
 
 
+def replay_middle_flops(shape: DecoderShape, seq_len: int, middle: int, depth: int,
+                        pairs: Pairs = causal_pairs) -> float:
+    """Forward + backward of `middle` blocks replayed from exact states (`exact_states=True`): one fused pass,
+    one ordinary backward, and `depth` vector-Jacobian products with respect to R. Those products need input
+    gradients only: each block's matmuls once, its attention's two products twice, the fusion once."""
+    block = shape.block_matmuls(seq_len) + shape.attention(pairs(seq_len))
+    state_product = middle * (shape.block_matmuls(seq_len) + 2 * shape.attention(pairs(seq_len))) + shape.fusion(seq_len)
+    return 3 * (middle * block + shape.fusion(seq_len)) + depth * state_product
+
+
 def train_step_flops(config: PretrainedConfig, seq_len: int, pairs: Pairs = causal_pairs) -> float:
     """FLOPs of forward + backward over one row of `seq_len` tokens (T²MLR: on its training path)."""
     shape = DecoderShape.of(config)
@@ -123,6 +138,11 @@ def train_step_flops(config: PretrainedConfig, seq_len: int, pairs: Pairs = caus
         return 3 * (shape.layers * block + shape.head(seq_len))
     middle = config.l_end - config.l_start + 1
     outside = (shape.layers - middle) * block + shape.head(seq_len)
+    if config.train_recurrence == "exact" and config.bptt_window is not None:
+        # the exact states from a no-grad token-by-token loop (each token attends to the keys before it),
+        # then their replay in one pass whose backward is that of `bptt_window` iterates
+        loop = middle * (shape.block_matmuls(seq_len) + shape.attention(causal_pairs(seq_len))) + shape.fusion(seq_len)
+        return 3 * outside + loop + replay_middle_flops(shape, seq_len, middle, config.bptt_window, pairs)
     if config.train_recurrence == "exact":  # one pass of every block, fused once per token
         return 3 * (outside + middle * block + shape.fusion(seq_len))
     forward_passes, gradient_passes = config.d_forward + 1, config.d_backward + 1

@@ -356,8 +356,8 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, T2MLRGenerationMixin):
         reaches back through R to tokens t-1 .. t-bptt_window only (window 1: R detached after every token)."""
         if inputs.cache is not None:
             raise ValueError("bptt_window applies to training forwards without a cache (no past_key_values)")
-        with torch.no_grad():
-            _, exact_states = self._exact_middle(h_low, r_in, inputs, layout, recurrence_mask)
+        with torch.no_grad():  # detached: a view of a graph tensor made under no_grad still requires grad
+            _, exact_states = self._exact_middle(h_low.detach(), r_in, inputs, layout, recurrence_mask)
         return self._replayed_middle(h_low, r_in, inputs, layout, recurrence_mask, path.bptt_window, exact_states, record)
 
     def _replayed_middle(
