@@ -77,14 +77,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 # ------------------------------------------------------------------------------------------- FLOP model
+def _middle_and_outside(config: Any, seq_len: int) -> tuple[DecoderShape, int, float, float]:
+    """The shape, the middle block's length, one block's FLOPs and those of everything outside the middle
+    block (the other blocks and the LM head), forward, over one row."""
+    shape = DecoderShape.of(config)
+    block = shape.block_matmuls(seq_len) + shape.attention(causal_pairs(seq_len))
+    middle = config.l_end - config.l_start + 1
+    return shape, middle, block, (shape.layers - middle) * block + shape.head(seq_len)
+
+
 def replay_step_flops(config: Any, seq_len: int, depth: int) -> float:
     """Forward + backward of one row on the replayed Jacobi path: `depth` fused iterates plus the final pass,
     every one carrying gradients; the first reads given (detached) states, so it has no input gradient
     through W_rec r. No seed pass, no detached pass."""
-    shape = DecoderShape.of(config)
-    block = shape.block_matmuls(seq_len) + shape.attention(causal_pairs(seq_len))
-    middle = config.l_end - config.l_start + 1
-    outside = (shape.layers - middle) * block + shape.head(seq_len)
+    shape, middle, block, outside = _middle_and_outside(config, seq_len)
     passes = depth + 1
     forward = outside + passes * middle * block + passes * shape.fusion(seq_len)
     backward = 2 * forward - 2 * seq_len * shape.hidden**2
@@ -94,10 +100,7 @@ def replay_step_flops(config: Any, seq_len: int, depth: int) -> float:
 def one_pass_replay_step_flops(config: Any, seq_len: int, depth: int) -> float:
     """Forward + backward of one row replayed with `exact_states=True` (`t2mlr.baselines.costs.replay_middle_flops`
     for the middle block; everything else once, with its backward)."""
-    shape = DecoderShape.of(config)
-    middle = config.l_end - config.l_start + 1
-    block = shape.block_matmuls(seq_len) + shape.attention(causal_pairs(seq_len))
-    outside = (shape.layers - middle) * block + shape.head(seq_len)
+    shape, middle, _, outside = _middle_and_outside(config, seq_len)
     return 3 * outside + replay_middle_flops(shape, seq_len, middle, depth)
 
 
@@ -127,10 +130,12 @@ def open_gates(model: T2MLRForCausalLM) -> None:
         model.fusion.gamma_rec.fill_(0.5)
 
 
-def exact_states(model: T2MLRForCausalLM, ids: torch.Tensor) -> torch.Tensor:
+def exact_states(model: T2MLRForCausalLM, **inputs: Any) -> torch.Tensor:
+    """R after every token from the exact path: what `generate(..., output_recurrent_states=True)` hands a
+    rollout's update."""
     cache = T2MLRCache(config=model.config)
     with torch.no_grad():
-        model(ids, past_key_values=cache, use_cache=True, recurrence="exact")
+        model(**inputs, past_key_values=cache, use_cache=True, recurrence="exact")
     return cache.recurrent_states
 
 
@@ -150,7 +155,7 @@ def time_placement(l_start: int, l_end: int, args: argparse.Namespace) -> dict[s
     open_gates(model)
     optimizer = build_optimizer(model, OptimConfig(lr=1e-7, weight_decay=0.0))
     ids = torch.randint(0, model.config.vocab_size, (args.batch, args.seq), generator=torch.Generator().manual_seed(1))
-    states = exact_states(model, ids)  # what generate(..., output_recurrent_states=True) hands the update
+    states = exact_states(model, input_ids=ids)
     depth = args.replay_depth
     variants = {
         "plain": step_function(model, optimizer, lambda: model.base(ids, labels=ids)),
@@ -202,10 +207,7 @@ def fidelity(args: argparse.Namespace) -> list[list[str]]:
     model = T2MLRForCausalLM.from_pretrained(args.checkpoint).to(torch.float64).eval()
     batch = checkpoint_rows(args.checkpoint, args.fidelity_rows)
     mask = batch.get("attention_mask")
-    cache = T2MLRCache(config=model.config)
-    with torch.no_grad():  # the rollout's states: the exact path over the same rows
-        model(**batch, past_key_values=cache, use_cache=True, recurrence="exact")
-    states = cache.recurrent_states
+    states = exact_states(model, **batch)  # the rollout's states: the exact path over the same rows
     params = [p for p in model.parameters() if p.requires_grad]
 
     def gradient(**path: Any) -> list[torch.Tensor]:

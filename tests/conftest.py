@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, MistralConfig, Qwen2Config
 
-from t2mlr import T2MLRConfig, T2MLRForCausalLM
+from t2mlr import T2MLRCache, T2MLRConfig, T2MLRForCausalLM
 
 VOCAB = 61
 
@@ -73,6 +73,15 @@ def model64() -> T2MLRForCausalLM:
 def random_ids(batch: int, length: int, seed: int = 1) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(3, VOCAB, (batch, length), generator=generator)
+
+
+def exact_states(model: T2MLRForCausalLM, ids: torch.Tensor, **inputs) -> torch.Tensor:
+    """R after every token of `ids` from the exact path (its values are checked against a hand loop elsewhere);
+    `inputs`: further forward arguments (attention_mask, recurrence_mask, ...)."""
+    cache = T2MLRCache(config=model.config)
+    with torch.no_grad():
+        model(ids, past_key_values=cache, use_cache=True, recurrence="exact", **inputs)
+    return cache.recurrent_states
 
 
 def left_padded(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,9 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers.models.llama.modeling_llama as llama
-from conftest import left_padded, random_ids, tiny_model
-
-from t2mlr import T2MLRCache
+from conftest import exact_states, left_padded, random_ids, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -24,13 +22,6 @@ def float64_rms_norm(monkeypatch: pytest.MonkeyPatch) -> None:
         return self.weight * (hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
 
     monkeypatch.setattr(llama.LlamaRMSNorm, "forward", forward)
-
-
-def exact_states(model, ids: torch.Tensor, **extra) -> torch.Tensor:
-    cache = T2MLRCache(config=model.config)
-    with torch.no_grad():
-        model(ids, past_key_values=cache, use_cache=True, recurrence="exact", **extra)
-    return cache.recurrent_states
 
 
 def padded_rows(model):
@@ -76,13 +67,10 @@ def test_with_the_prompt_recurrence_mask(float64_rms_norm) -> None:
     ids = random_ids(2, 9, seed=3)
     mask = torch.ones_like(ids, dtype=torch.bool)
     mask[:, :4] = False  # the prompt writes R but does not read it
-    cache = T2MLRCache(config=model.config)
-    with torch.no_grad():
-        model(ids, past_key_values=cache, use_cache=True, recurrence="exact", recurrence_mask=mask)
     extra = {"recurrence_mask": mask}
-    iterated = gradients(model, ids, extra, recurrence="jacobi", initial_states=cache.recurrent_states, d_forward=3, d_backward=3)
-    one_pass = gradients(model, ids, extra, recurrence="jacobi", initial_states=cache.recurrent_states, d_backward=3,
-                         exact_states=True)
+    states = exact_states(model, ids, **extra)
+    iterated = gradients(model, ids, extra, recurrence="jacobi", initial_states=states, d_forward=3, d_backward=3)
+    one_pass = gradients(model, ids, extra, recurrence="jacobi", initial_states=states, d_backward=3, exact_states=True)
     for name, grad in iterated.items():
         torch.testing.assert_close(one_pass[name], grad, rtol=1e-10, atol=1e-10, msg=lambda m, n=name: f"{n}: {m}")
 

@@ -5,19 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import random_ids, tiny_model
-
-from t2mlr import T2MLRCache
+from conftest import exact_states, random_ids, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def exact_states(model, ids: torch.Tensor) -> torch.Tensor:
-    """R after every token, from the exact path (its values are checked against a hand loop elsewhere)."""
-    cache = T2MLRCache(config=model.config)
-    with torch.no_grad():
-        model(ids, past_key_values=cache, use_cache=True, recurrence="exact")
-    return cache.recurrent_states
 
 
 # ----------------------------------------------------------------------------- replay
@@ -191,10 +181,8 @@ def test_generate_returns_the_exact_states_of_the_returned_sequences(name: str) 
     assert out.recurrent_states.shape == (rows, length, model.config.hidden_size)
     expand = rows // prompt.shape[0]
     full_mask = torch.cat([mask.repeat_interleave(expand, 0), torch.ones(rows, length - prompt.shape[1], dtype=mask.dtype)], 1)
-    cache = T2MLRCache(config=model.config)
-    with torch.no_grad():
-        model(out.sequences, attention_mask=full_mask, past_key_values=cache, use_cache=True, recurrence="exact")
-    torch.testing.assert_close(out.recurrent_states, cache.recurrent_states, rtol=0, atol=1e-9)
+    torch.testing.assert_close(out.recurrent_states, exact_states(model, out.sequences, attention_mask=full_mask),
+                               rtol=0, atol=1e-9)
 
 
 def test_generate_states_need_the_dict_output() -> None:
