@@ -193,8 +193,9 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, T2MLRGenerationMixin):
         instead of the seed pass, so with exact states every d_forward >= 1 gives the exact forward.
         `exact_states=True` says they are exact (the fixed point): the middle block then runs once, and its
         backward is exactly that of d_backward gradient-carrying iterates (`t2mlr.model.fixed_point`), at
-        about a third of their cost; d_forward does not matter. With states that are not exact (stale ones
-        from an earlier epoch) leave it False: the iterates then move, and only the iterated path is right.
+        about half their cost (d = 4: 7 block-forward equivalents against 15); d_forward does not matter.
+        With states that are not exact (stale ones from an earlier epoch) leave it False: the iterates then
+        move, and only the iterated path is right.
         `output_hidden_states=True` returns every block's output in transformers' convention
         (embeddings, blocks 1..L-1, the final norm of block L), on every path."""
         path = self.forward_path(
