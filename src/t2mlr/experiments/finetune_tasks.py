@@ -127,7 +127,11 @@ def task_label(task: str, variant: str | None) -> str:
 
 def _generated(task: str, settings: Mapping[str, Any], size: int, seed: int, stream: str) -> list[dict[str, Any]]:
     if task == "variable-assignment":
-        rows = generate_variable_assignment(size, seed=seed, stream=stream, **settings)
+        # `train_min_depth`: training samples mix depths train_min_depth..depth; evaluation stays at `depth`
+        settings = dict(settings)
+        min_depth = settings.pop("train_min_depth", None)
+        rows = generate_variable_assignment(size, seed=seed, stream=stream, **settings,
+                                            min_depth=min_depth if stream == "train" else None)
         return [{k: r[k] for k in ("prompt", "target", "answer")} for r in rows]
     kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in settings.items()}
     rows = generate_prosqa_hard(size, seed=seed, stream=stream, **kwargs)

@@ -120,7 +120,9 @@ def _run_s5(args: argparse.Namespace) -> int:
 @_one_line_errors
 def _run_variable_assignment(args: argparse.Namespace) -> int:
     def stream(count: int | None, name: str) -> Iterator[dict[str, Any]]:
-        return iter_variable_assignment(count, args.depth, args.num_constants, args.num_distractors, args.seed, name)
+        mixed = args.min_depth if name == "train" else None  # evaluation stays at --depth
+        return iter_variable_assignment(count, args.depth, args.num_constants, args.num_distractors, args.seed, name,
+                                        mixed)
 
     train_stream, eval_stream = stream(args.size, "train"), stream(None, "eval")  # settings checked here
     out = Path(args.out)
@@ -166,6 +168,8 @@ def _add_variable_assignment(sub: Any) -> None:
     p = sub.add_parser("variable-assignment", help="variable assignment chains with distractors")
     p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument("--depth", type=int, default=5, help="variable-to-variable hops (default 5)")
+    p.add_argument("--min-depth", type=int, default=None,
+                   help="training samples draw their depth from MIN_DEPTH..DEPTH (evaluation stays at --depth)")
     p.add_argument("--size", type=int, default=10000, help="training samples (default 10000)")
     p.add_argument("--eval-size", type=int, default=1000, help="eval samples (default 1000)")
     p.add_argument("--num-constants", type=int, default=3)

@@ -14,6 +14,9 @@ Construction (all from a seeded ``random.Random``):
   when possible, starts at a different constant from the queried chain.
 * Variables are distinct lowercase letters, so ``num_constants + depth·(1 + num_distractors)``
   must be at most 26; no variable is assigned twice.
+* With ``min_depth`` set, each sample draws its depth uniformly from ``min_depth..depth``: a mix of
+  easy and hard samples, so a small model trained from scratch gets a learning signal from the
+  shallow ones (depth 0 asks for a constant itself) before it can solve the deep ones.
 * Lines: the constants first (shuffled), then the chains' assignments interleaved at random,
   each chain kept in order (a variable is defined before it is used).
 
@@ -57,10 +60,12 @@ _LINE = re.compile(r"([a-z])=([a-z0-9])")
 _QUERY = re.compile(r"([a-z])=___")
 
 
-def _validate(depth: int, num_constants: int, num_distractors: int) -> None:
+def _validate(depth: int, num_constants: int, num_distractors: int, min_depth: int | None = None) -> None:
     """Refuse configurations that cannot be built with distinct letters and digits."""
     if depth < 0 or num_distractors < 0:
         raise ValueError(f"depth and num_distractors must be >= 0, got {depth}, {num_distractors}")
+    if min_depth is not None and not 0 <= min_depth <= depth:
+        raise ValueError(f"min_depth must be in 0..depth ({depth}), got {min_depth}")
     if not (1 <= num_constants <= 10):
         raise ValueError(f"num_constants must be in 1..10 (distinct digits), got {num_constants}")
     needed = num_constants + depth * (1 + num_distractors)
@@ -80,7 +85,10 @@ def _interleave(rng: random.Random, chains: list[list[tuple[str, str]]]) -> list
     return merged
 
 
-def _make_sample(rng: random.Random, depth: int, num_constants: int, num_distractors: int) -> dict[str, Any]:
+def _make_sample(rng: random.Random, depth: int, num_constants: int, num_distractors: int,
+                 min_depth: int | None = None) -> dict[str, Any]:
+    if min_depth is not None:
+        depth = rng.randint(min_depth, depth)
     letters = rng.sample(string.ascii_lowercase, num_constants + depth * (1 + num_distractors))
     constants = letters[:num_constants]
     free = iter(letters[num_constants:])
@@ -125,6 +133,7 @@ def iter_variable_assignment(
     num_distractors: int = 2,
     seed: int = 0,
     stream: str = "train",
+    min_depth: int | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Samples one at a time (None: without end), deterministic in (seed, stream).
 
@@ -132,9 +141,9 @@ def iter_variable_assignment(
     a caller can show progress, or draw until it has enough, and get exactly what
     `generate_variable_assignment` returns.
     """
-    _validate(depth, num_constants, num_distractors)
+    _validate(depth, num_constants, num_distractors, min_depth)
     return seeded_samples("variable-assignment", num_samples, seed, stream,
-                          lambda rng: _make_sample(rng, depth, num_constants, num_distractors))
+                          lambda rng: _make_sample(rng, depth, num_constants, num_distractors, min_depth))
 
 
 def generate_variable_assignment(
@@ -144,9 +153,10 @@ def generate_variable_assignment(
     num_distractors: int = 2,
     seed: int = 0,
     stream: str = "train",
+    min_depth: int | None = None,
 ) -> list[dict[str, Any]]:
     """``num_samples`` samples, deterministic in (seed, stream); see the module docstring."""
-    return list(iter_variable_assignment(num_samples, depth, num_constants, num_distractors, seed, stream))
+    return list(iter_variable_assignment(num_samples, depth, num_constants, num_distractors, seed, stream, min_depth))
 
 
 def solve_variable_assignment(prompt: str) -> str:
