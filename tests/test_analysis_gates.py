@@ -71,11 +71,14 @@ def test_labels_name_the_runs_and_must_match_their_count(tmp_path, capsys) -> No
     second = _run(tmp_path / "b", [(0.0, 0.0), (0.03, -0.01)])
     plain = _run(tmp_path / "transformer", None)
     out = tmp_path / "out"
-    code = main(["analyze", "gates", str(first), str(second), str(plain), "--labels", "Jacobi 16:4,exact bptt 4,Transformer",
+    code = main(["analyze", "gates", str(first), str(second), str(plain), "--labels", "Jacobi 16:4", "exact bptt 4",
+                 "Transformer",
                  "--out", str(out)])
     assert code == 0, capsys.readouterr().err
     payload = json.loads((out / "gates.json").read_text())
     assert [r["run"] for r in payload["runs"]] == ["Jacobi 16:4", "exact bptt 4"]
     assert "| `Jacobi 16:4` | 2 | -0.0100 | +0.0200 |" in (out / "gates.md").read_text()
-    code = main(["analyze", "gates", str(first), str(second), "--labels", "Jacobi (16,4),exact", "--out", str(out)])
-    assert code == 2 and "3 names for 2 runs" in capsys.readouterr().err
+    code = main(["analyze", "gates", str(first), str(second), "--labels", "T²MLR(2,3)", "Transformer", "--out", str(out)])
+    assert code == 0 and [r["run"] for r in json.loads((out / "gates.json").read_text())["runs"]] == ["T²MLR(2,3)", "Transformer"]
+    code = main(["analyze", "gates", str(first), str(second), "--labels", "Jacobi (16,4)", "--out", str(out)])
+    assert code == 2 and "1 names for 2 runs" in capsys.readouterr().err

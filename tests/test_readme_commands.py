@@ -113,8 +113,8 @@ COVERED_BY = {
     "t2mlr analyze probes runs/jve/jacobi/final runs/jve/transformer/final --data data/english/validation_shards "
     "--rows 256 --layers 5 --probe-steps 200 --probe-batch 256 --out results/analyses/probes":
         "tests/test_analysis_probes.py::test_layers_probes_only_the_blocks_nearest_the_head",
-    't2mlr analyze gates runs/jve/jacobi runs/jve/exact runs/jve/transformer --labels "Jacobi 16:4,exact bptt 4,'
-    'Transformer" --out results/analyses/gates':
+    't2mlr analyze gates runs/jve/jacobi runs/jve/exact runs/jve/transformer --labels "Jacobi 16:4" "exact bptt 4" '
+    'Transformer --out results/analyses/gates':
         "tests/test_analysis_gates.py::test_labels_name_the_runs_and_must_match_their_count",
     "t2mlr analyze placement lm_offline_cpu --starts 1,3,5,7 --width 2 --out runs/placement train.max_steps=100":
         "tests/test_analysis_placement.py::test_command_trains_each_placement_and_the_transformer",

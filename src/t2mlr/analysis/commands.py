@@ -119,8 +119,7 @@ def _probes(args: argparse.Namespace) -> dict[str, Any]:
 def _gates(args: argparse.Namespace) -> dict[str, Any]:
     from t2mlr.analysis.gates import run_gates
 
-    labels = None if args.labels is None else [part.strip() for part in args.labels.split(",")]
-    return run_gates(args.run_dirs, args.out, labels)
+    return run_gates(args.run_dirs, args.out, args.labels)
 
 
 def _placement(args: argparse.Namespace) -> dict[str, Any]:
@@ -235,7 +234,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
     gates = _add(sub, "gates")
     gates.add_argument("run_dirs", nargs="+", help="run directories holding metrics.jsonl")
-    gates.add_argument("--labels", default=None, help="comma-separated names for the runs (default: their paths)")
+    gates.add_argument("--labels", nargs="+", default=None, metavar="NAME",
+                       help="one name per run, in order (default: their paths); names may hold commas, e.g. 'T²MLR(2,3)'")
     _common(gates)
     gates.set_defaults(func=_guarded(_gates))
 
