@@ -134,7 +134,7 @@ _CPU_VA = FinetunePreset(
 # evaluation prefills on the exact path.
 # Later that day, after the documented runs left the Transformer at 5.3% and 4.0% on seeds 1 and 2 (seed 0, where
 # it was calibrated, was the lucky one), the Transformer alone on seeds 1 / 2, 5,000 × 16: 6-7-node graphs 22.0% /
-# 17.3%, 6-node graphs 0.7% / 16.7%. The baseline sits on a seed-dependent jump near 5,000 steps (its loss
+# 17.3%, 6-node graphs 0.7% / 16.7%, lr 3e-3 on the preset's graphs 3.3% / 0.0%. The baseline sits on a seed-dependent jump near 5,000 steps (its loss
 # falls abruptly when it starts copying names out of the graph), which no smaller graph removed; the preset is
 # kept as it was run, and its baseline reported as below 20% on two seeds of three.
 _CPU_PROSQA = FinetunePreset(
