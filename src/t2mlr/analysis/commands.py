@@ -235,7 +235,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     gates = _add(sub, "gates")
     gates.add_argument("run_dirs", nargs="+", help="run directories holding metrics.jsonl")
     gates.add_argument("--labels", nargs="+", default=None, metavar="NAME",
-                       help="one name per run, in order (default: their paths); names may hold commas, e.g. 'T²MLR(2,3)'")
+                       help="one name per run, in order (default: their paths); a name may hold commas: 'T²MLR(2,3)'")
     _common(gates)
     gates.set_defaults(func=_guarded(_gates))
 

@@ -134,10 +134,11 @@ _CPU_VA = FinetunePreset(
 # evaluation prefills on the exact path.
 # Later that day, after the documented runs left the Transformer at 5.3% and 4.0% on seeds 1 and 2 (seed 0, where
 # it was calibrated, was the lucky one), the Transformer alone on seeds 1 / 2, 5,000 × 16: 6-7-node graphs 22.0% /
-# 17.3%, 6-node graphs 0.7% / 16.7%, lr 3e-3 on the preset's graphs 3.3% / 0.0%. The baseline sits on a seed-dependent jump near 5,000 steps (its loss
-# falls abruptly when it starts copying names out of the graph), which no smaller graph removed. A pool of 20
-# names instead of 40 (each name seen twice as often) moved the jump earlier: 33.3% / 36.0% on seeds 1 / 2. The
-# preset takes that pool (the 40-name runs stay in results/finetune_cpu/prosqa-hard_pool40/); nothing else changed.
+# 17.3%, 6-node graphs 0.7% / 16.7%, lr 3e-3 on the preset's graphs 3.3% / 0.0%. The baseline sits on a
+# seed-dependent jump near 5,000 steps (its loss falls abruptly when it starts copying names out of the graph),
+# which no smaller graph removed. A pool of 20 names instead of 40 (each name seen twice as often) moved the jump
+# earlier: 33.3% / 36.0% on seeds 1 / 2. The preset takes that pool (the 40-name runs stay in
+# results/finetune_cpu/prosqa-hard_pool40/); nothing else changed.
 _CPU_PROSQA = FinetunePreset(
     name="cpu", task="prosqa-hard", arms=("t2mlr:2-3", "t2mlr:1-4", "transformer"),
     train_size=80_000, eval_size=150,
