@@ -49,6 +49,9 @@ def test_top_level_help_imports_neither_torch_nor_transformers() -> None:
     (["rl", "grpo", "--help"], "--resume"),
     (["analyze", "gradient-fidelity", "--help"], "32:32"),
     (["retrofit", "--help"], "--l-start"),
+    (["data", "--help"], "variable-assignment"),
+    (["data", "s5-retrieval", "--help"], "--alphabet"),
+    (["corpus", "--help"], "prepare-offline"),
 ])
 def test_command_help_imports_neither_torch_nor_transformers(argv: list[str], shown: str) -> None:
     """Help of the training, experiment and analysis commands shows at once: their heavy imports wait

@@ -9,14 +9,24 @@
   machines without hub access.
 
 Bad input raises `CorpusError` (a ValueError).
+
+The names load from their modules on first use (PEP 562, as in ``t2mlr``), so the ``t2mlr corpus`` and
+``t2mlr data`` commands' help does not import torch.
 """
 
-from t2mlr.corpus.dataset import ShardedTokenDataset
+import importlib
+from typing import Any
+
 from t2mlr.corpus.errors import CorpusError
-from t2mlr.corpus.offline import prepare_offline_corpus, train_bpe_tokenizer
-from t2mlr.corpus.shards import read_manifest
-from t2mlr.corpus.sources import resolve_inputs
-from t2mlr.corpus.tokenize import tokenize_corpus
+
+_LAZY = {
+    "ShardedTokenDataset": "t2mlr.corpus.dataset",
+    "prepare_offline_corpus": "t2mlr.corpus.offline",
+    "train_bpe_tokenizer": "t2mlr.corpus.offline",
+    "read_manifest": "t2mlr.corpus.shards",
+    "resolve_inputs": "t2mlr.corpus.sources",
+    "tokenize_corpus": "t2mlr.corpus.tokenize",
+}
 
 __all__ = [
     "CorpusError",
@@ -27,3 +37,10 @@ __all__ = [
     "tokenize_corpus",
     "train_bpe_tokenizer",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Load a name's module on first access."""
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 't2mlr.corpus' has no attribute {name!r}")

@@ -114,6 +114,11 @@ def _paper(task: str, lr: float, steps: int, min_lr_ratio: float, source: str) -
 # width 128 (lr 5e-4), and 3 supervised queries per row. Even the single lookup sits on the copy-a-constant
 # plateau at these budgets, so the preset is not a code fault; a retrofit of SmolLM2-135M would start past
 # that plateau, but its training step takes ~11 s here (batch 16, 2 threads), ~100 steps per arm in budget.
+# A later session, the same plain loop at batch 256 (seed 0): depth 0 leaves the plateau after ~1,500 steps
+# (~380,000 rows) and reaches 66% at 2,000; from there, mixed depths 0-1 kept depth 1 at 30-39% for 1,500 more
+# steps and depth 5 stayed at 33-38%. At 0.8 / 1.4 / 1.9 s per batch-256 step (Transformer / T²MLR(2,3) /
+# T²MLR(1,4), Jacobi (3, 1), one thread) no three-arm preset, with or without a shared warm-up, gets past the
+# first hop in 30 minutes, so the preset stays (all numbers: results/finetune_cpu/results.md).
 _CPU_VA = FinetunePreset(
     name="cpu", task="variable-assignment", arms=("t2mlr:2-3", "t2mlr:1-4", "transformer"),
     train_size=8_000, eval_size=300, task_settings={"depth": 5, "num_constants": 3, "num_distractors": 1},

@@ -3,7 +3,13 @@
 Synthetic tasks: ``s5_retrieval`` (over the group in ``s5``), ``variable_assignment`` and
 ``prosqa``; chain-of-thought sets through ``loaders``; word-level tokenizers in ``tokenizers``;
 metrics in ``scoring``; the ``t2mlr data …`` command in ``commands``.
+
+The tokenizer helpers load on first use (PEP 562, as in ``t2mlr``): they import ``transformers``, which
+the generators, scorers and ``t2mlr data --help`` do not need.
 """
+
+import importlib
+from typing import Any
 
 from t2mlr.tasks.jsonl import read_jsonl, write_jsonl
 from t2mlr.tasks.loaders import DataUnavailableError, load_gsm_aug, load_hotpotqa_cot
@@ -30,11 +36,6 @@ from t2mlr.tasks.scoring import (
     score_s5_prediction,
     score_s5_predictions,
     variable_assignment_exact_match,
-)
-from t2mlr.tasks.tokenizers import (
-    build_s5_tokenizer,
-    build_word_tokenizer,
-    encode_s5_sample,
 )
 from t2mlr.tasks.variable_assignment import (
     generate_variable_assignment,
@@ -73,3 +74,12 @@ __all__ = [
     "variable_assignment_exact_match",
     "write_jsonl",
 ]
+
+_TOKENIZER_NAMES = ("build_s5_tokenizer", "build_word_tokenizer", "encode_s5_sample")
+
+
+def __getattr__(name: str) -> Any:
+    """Load the tokenizer helpers (and transformers) on first access."""
+    if name in _TOKENIZER_NAMES:
+        return getattr(importlib.import_module("t2mlr.tasks.tokenizers"), name)
+    raise AttributeError(f"module 't2mlr.tasks' has no attribute {name!r}")

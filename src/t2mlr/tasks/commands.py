@@ -26,7 +26,6 @@ from tqdm.auto import tqdm
 from t2mlr.tasks.jsonl import write_jsonl
 from t2mlr.tasks.prosqa import iter_prosqa_hard
 from t2mlr.tasks.s5_retrieval import DEFAULT_ALPHABET, iter_s5_eval, iter_s5_retrieval
-from t2mlr.tasks.tokenizers import build_s5_tokenizer
 from t2mlr.tasks.variable_assignment import iter_variable_assignment
 
 __all__ = ["main", "parse_range", "register"]
@@ -105,6 +104,9 @@ def _run_s5(args: argparse.Namespace) -> int:
         args.train_size, args.train_n, args.k, args.dict_size, args.seed, args.alphabet, stream="train"
     )
     evals = iter_s5_eval(args.eval_size, args.eval_n, args.k, args.dict_size, args.seed, args.alphabet)
+    # imported here: transformers loads only when a tokenizer is written, not for `t2mlr data --help`
+    from t2mlr.tasks.tokenizers import build_s5_tokenizer
+
     tokenizer = build_s5_tokenizer(args.k, args.alphabet)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
