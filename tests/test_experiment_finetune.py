@@ -339,3 +339,5 @@ def test_retrofit_of_one_pretrained_model(tmp_path: Path) -> None:
     assert params["transformer"] == sum(p.numel() for p in model.parameters())
     assert params["t2mlr:1-1"] > params["transformer"]  # the fusion's parameters on top of the same model
     assert payload["results"][0]["start"] == f"retrofit of {pretrained}"
+    labels = {r["arm"]: r["label"] for r in payload["results"]}
+    assert labels == {"t2mlr:1-1": "T²MLR(1,1)", "transformer": "Transformer (the pretrained model)"}

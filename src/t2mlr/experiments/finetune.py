@@ -422,6 +422,14 @@ def write_results(out: Path, plan: FinetunePlan, results: list[ArmResult], facts
 # ---------------------------------------------------------------------------------------------- driver
 
 
+def arm_label(spec: ModelSpec, start: StartingPoint) -> str:
+    """The arm's name in tables and figures; a retrofit's Transformer arm is the pretrained model itself, which
+    T²MLR's fusion parameters outnumber, so it is not called matched."""
+    if start.kind == "retrofit" and spec.kind == "transformer":
+        return "Transformer (the pretrained model)"
+    return spec.label
+
+
 def _check_before_training(configs: dict[str, TrainConfig]) -> None:
     """Build every arm (loading its starting weights) so a bad checkpoint fails before any training."""
     for name, cfg in configs.items():
@@ -473,7 +481,8 @@ def run_finetune(plan: FinetunePlan, out: str | Path, device: str = "auto", resu
         correct = sum(r["correct"] for r in arm_rows)
         extra_keys = [k for k in arm_rows[0] if k in ("f1", "answer_correct")]
         results.append(ArmResult(
-            arm=spec.name, label=spec.label, parameters=count_parameters(model), start=plan.start.of(spec.name),
+            arm=spec.name, label=arm_label(spec, plan.start), parameters=count_parameters(model),
+            start=plan.start.of(spec.name),
             steps=preset.steps, tokens=_tokens_seen(out / dirname),
             train_seconds=accumulated_train_seconds(out / dirname, trained[spec.name].seconds), eval_seconds=eval_seconds,
             correct=correct, total=len(arm_rows), pass_at_1=correct / len(arm_rows),
