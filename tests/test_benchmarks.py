@@ -127,3 +127,28 @@ def test_train_overhead_on_a_trained_checkpoint_with_corpus_data(corpus_and_chec
     assert timing["t2mlr-tol"]["jacobi_iterations"] == 2 + 2
     for name in ("transformer", "t2mlr-fixed", "t2mlr-tol"):
         assert result["memory_bytes"][name] > 0 and 0 < timing[name]["first_step_loss"] < 20
+
+
+def test_t2mlr_decode_step_traces_as_one_graph(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 19's compiled decode step: dynamo must trace T²MLR's step whole (no host sync, no branch on a
+    computed value), as it does the Transformer's; a break reintroduced in the decode path fails here."""
+    report = load_script("decode_graphs").main(["--hidden", "32", "--prompt", "5", "--layers", "3",
+                                                "--placement", "2-3"])
+    by_name = {r["name"]: r for r in report["explain"]}
+    assert by_name["T²MLR(2,3), T2MLRCache"]["breaks"] == 0 and by_name["T²MLR(2,3), T2MLRCache"]["graphs"] == 1
+    assert by_name["Transformer, StaticCache"]["breaks"] == 0
+    assert "T²MLR(2,3), T2MLRCache: 1 graph(s), 0 break(s)" in capsys.readouterr().out
+
+
+def test_explain_reports_a_graph_break() -> None:
+    """The check above can fail: a step that reads a computed value into Python is reported as broken."""
+    script = load_script("decode_graphs")
+
+    def step() -> torch.Tensor:
+        x = torch.randn(3)
+        if float(x.sum()) > 0:  # a host sync: dynamo must split the graph here
+            return x * 2
+        return x - 1
+
+    report = script.explain("branch on a value", step)
+    assert report["breaks"] >= 1 and report["graphs"] >= 2
