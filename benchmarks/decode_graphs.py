@@ -26,7 +26,7 @@ import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, StaticCache
 
 from t2mlr import T2MLRConfig, T2MLRForCausalLM
-from t2mlr.analysis.benchmarking import parse_placements
+from t2mlr.analysis.benchmarking import open_gates, parse_placements
 from t2mlr.model.cache import T2MLRCache
 
 
@@ -38,11 +38,7 @@ def base_config(layers: int, hidden: int) -> LlamaConfig:
 
 def t2mlr_model(base: LlamaConfig, start: int, end: int) -> T2MLRForCausalLM:
     """Random weights with the gates open (γ_cur = -0.5, γ_rec = 0.5), so R changes the output."""
-    model = T2MLRForCausalLM(T2MLRConfig(base_config=base.to_dict(), l_start=start, l_end=end)).eval()
-    with torch.no_grad():
-        model.fusion.gamma_cur.fill_(-0.5)
-        model.fusion.gamma_rec.fill_(0.5)
-    return model
+    return open_gates(T2MLRForCausalLM(T2MLRConfig(base_config=base.to_dict(), l_start=start, l_end=end)).eval())
 
 
 def prefilled_step(model: torch.nn.Module, cache: Any, prompt: torch.Tensor) -> Callable[[], Any]:

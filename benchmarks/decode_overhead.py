@@ -46,6 +46,7 @@ from t2mlr import T2MLRConfig, T2MLRForCausalLM
 from t2mlr.analysis.benchmarking import (
     machine_info,
     median_ratio,
+    open_gates,
     paired_times,
     parse_int_list,
     parse_placements,
@@ -105,9 +106,7 @@ def build_from_config(config: object, args: argparse.Namespace) -> PreTrainedMod
     torch.manual_seed(args.seed)
     model = AutoModelForCausalLM.from_config(config)
     if isinstance(model, T2MLRForCausalLM):
-        with torch.no_grad():
-            model.fusion.gamma_cur.fill_(-0.5)
-            model.fusion.gamma_rec.fill_(0.5)
+        open_gates(model)
     return model.to(device=args.device, dtype=args.dtype).eval()
 
 

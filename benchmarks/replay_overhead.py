@@ -43,6 +43,7 @@ from t2mlr import T2MLRCache, T2MLRConfig, T2MLRForCausalLM
 from t2mlr.analysis.benchmarking import (
     machine_info,
     markdown_table,
+    open_gates,
     parse_placements,
     timed,
 )
@@ -124,12 +125,6 @@ def predicted_ratios(l_start: int, l_end: int, args: argparse.Namespace) -> dict
 
 
 # ------------------------------------------------------------------------------------------- timing
-def open_gates(model: T2MLRForCausalLM) -> None:
-    with torch.no_grad():
-        model.fusion.gamma_cur.fill_(-0.5)
-        model.fusion.gamma_rec.fill_(0.5)
-
-
 def exact_states(model: T2MLRForCausalLM, **inputs: Any) -> torch.Tensor:
     """R after every token from the exact path: what `generate(..., output_recurrent_states=True)` hands a
     rollout's update."""

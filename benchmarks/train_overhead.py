@@ -61,7 +61,12 @@ import torch
 from torch import nn
 
 from t2mlr import T2MLRForCausalLM
-from t2mlr.analysis.benchmarking import machine_info, markdown_table, text_rows
+from t2mlr.analysis.benchmarking import (
+    machine_info,
+    markdown_table,
+    open_gates,
+    text_rows,
+)
 from t2mlr.model.shapes import smollm2_shaped_config
 from t2mlr.training.config import OptimConfig
 from t2mlr.training.optim import build_optimizer
@@ -152,13 +157,6 @@ def base_shape(args: argparse.Namespace, positions: int | None = None) -> Any:
     `positions` positions (default: --seq)."""
     return smollm2_shaped_config(args.hidden, num_hidden_layers=args.layers, vocab_size=args.vocab,
                                  max_position_embeddings=max(8192, positions or args.seq))
-
-
-def open_gates(model: T2MLRForCausalLM) -> T2MLRForCausalLM:
-    with torch.no_grad():
-        model.fusion.gamma_cur.fill_(-0.5)
-        model.fusion.gamma_rec.fill_(0.5)
-    return model
 
 
 def random_t2mlr(args: argparse.Namespace) -> T2MLRForCausalLM:
