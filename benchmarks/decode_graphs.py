@@ -4,12 +4,14 @@ A compiled (CUDA-graph) decode step needs dynamo to trace the step whole: a host
 a computed value splits it. This script times nothing, so it runs on a CPU and tells the GPU session what is
 left to do before it starts:
 
-1. `torch._dynamo.explain` of one decode step after an eager prefill, with the cache `generate()` uses
-   (T²MLR: `T2MLRCache`; the Transformer: `DynamicCache`, and `StaticCache` as the reference of a
-   capturable step): graphs, breaks and the reasons of each break;
+1. `torch._dynamo.explain` of one decode step after an eager prefill, with each cache `generate()` uses
+   (T²MLR: `T2MLRCache`, and `T2MLRStaticCache` for `cache_implementation="static"`; the Transformer:
+   `DynamicCache` and `StaticCache`): graphs, breaks and the reasons of each break;
 2. with `--compile N`: N greedy decode steps of T²MLR through `torch.compile(forward, fullgraph=True)`
-   against the eager steps: whether the tokens agree, the largest logit difference, and how many graphs
-   were compiled (a growing cache changes shapes, so expect the static graph and one dynamic-shape graph).
+   against the eager steps, once with each T²MLR cache: whether the tokens agree, the largest logit
+   difference, and how many graphs were compiled (the growing `T2MLRCache` changes shapes, so expect the
+   first step's graph and one dynamic-shape graph; the static cache: one graph for every step, which is
+   what CUDA-graph capture needs).
 
     python benchmarks/decode_graphs.py                        # explain only: seconds
     python benchmarks/decode_graphs.py --compile 6            # plus the compiled loop: about a minute on a CPU
@@ -27,7 +29,7 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, StaticCach
 
 from t2mlr import T2MLRConfig, T2MLRForCausalLM
 from t2mlr.analysis.benchmarking import open_gates, parse_placements
-from t2mlr.model.cache import T2MLRCache
+from t2mlr.model.cache import T2MLRCache, T2MLRStaticCache
 
 
 def base_config(layers: int, hidden: int) -> LlamaConfig:
@@ -66,10 +68,15 @@ def explain(name: str, step: Callable[[], Any]) -> dict[str, Any]:
     return {"name": name, "graphs": report.graph_count, "breaks": report.graph_break_count, "reasons": reasons}
 
 
+def t2mlr_cache(model: T2MLRForCausalLM, static: bool, length: int) -> T2MLRCache | T2MLRStaticCache:
+    """The cache generate() would give T²MLR: growing, or preallocated for `length` tokens."""
+    return T2MLRStaticCache(model.config, max_cache_len=length) if static else T2MLRCache(config=model.config)
+
+
 def greedy_steps(model: T2MLRForCausalLM, forward: Callable[..., Any], prompt: torch.Tensor,
-                 steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+                 steps: int, static: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Eager exact prefill, then `steps` greedy decode steps through `forward`: tokens and their logits."""
-    cache = T2MLRCache(config=model.config.base_config)
+    cache = t2mlr_cache(model, static, prompt.shape[1] + steps)
     with torch.no_grad():
         token = model(prompt, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
         tokens, logits = [token], []
@@ -81,17 +88,20 @@ def greedy_steps(model: T2MLRForCausalLM, forward: Callable[..., Any], prompt: t
     return torch.cat(tokens, dim=1), torch.cat(logits, dim=1)
 
 
-def compiled_against_eager(model: T2MLRForCausalLM, prompt: torch.Tensor, steps: int) -> dict[str, Any]:
+def compiled_against_eager(model: T2MLRForCausalLM, prompt: torch.Tensor, steps: int,
+                           static: bool = False) -> dict[str, Any]:
+    """Compiled greedy steps on one cache kind against eager steps on the growing T2MLRCache."""
     from torch._dynamo.utils import counters
 
     eager_tokens, eager_logits = greedy_steps(model, model.forward, prompt, steps)
     torch._dynamo.reset()
     counters.clear()
-    tokens, logits = greedy_steps(model, torch.compile(model.forward, fullgraph=True), prompt, steps)
-    result = {"steps": steps, "tokens_equal": bool(torch.equal(tokens, eager_tokens)),
+    tokens, logits = greedy_steps(model, torch.compile(model.forward, fullgraph=True), prompt, steps, static)
+    result = {"cache": type(t2mlr_cache(model, static, 1)).__name__, "steps": steps,
+              "tokens_equal": bool(torch.equal(tokens, eager_tokens)),
               "max_abs_logit_diff": float((logits - eager_logits).abs().max()),
               "graphs": int(counters["stats"]["unique_graphs"])}
-    print(f"\n== compiled decode (fullgraph), {steps} steps: tokens equal {result['tokens_equal']}, "
+    print(f"\n== compiled decode (fullgraph), {result['cache']}, {steps} steps: tokens equal {result['tokens_equal']}, "
           f"max |Δlogit| {result['max_abs_logit_diff']:.2e}, {result['graphs']} graph(s) compiled")
     return result
 
@@ -116,9 +126,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         explain("Transformer, StaticCache", prefilled_step(plain, static, prompt)),
         explain("Transformer, DynamicCache", prefilled_step(plain, DynamicCache(config=base), prompt)),
         explain(f"T²MLR({start},{end}), T2MLRCache", prefilled_step(t2mlr, T2MLRCache(config=base), prompt)),
+        explain(f"T²MLR({start},{end}), T2MLRStaticCache",
+                prefilled_step(t2mlr, T2MLRStaticCache(base, max_cache_len=args.prompt + 8), prompt)),
     ]}
     if args.compile:
-        report["compiled"] = compiled_against_eager(t2mlr, prompt, args.compile)
+        report["compiled"] = [compiled_against_eager(t2mlr, prompt, args.compile, static) for static in (False, True)]
     return report
 
 

@@ -17,6 +17,12 @@ and one torch thread (2048 tokens of a 135M model take minutes per run on a CPU;
 is what is compared; one thread because more spin-wait against other load, see t2mlr.analysis.benchmarking),
 three placements, three pairs: about 8.5 minutes.
 
+`--cache static` decodes both models with preallocated caches (T²MLR: `T2MLRStaticCache`, R included; the
+Transformer: `StaticCache`), and `--compile MODE` compiles both decode steps the same way
+(`torch.compile(fullgraph=True)`; `reduce-overhead` captures CUDA graphs). Compiled runs get one untimed
+run at each length first, so compilation and graph capture are not timed. `--profile` adds, after the
+table, torch.profiler's summary of one run of each model at the first length (where the time goes).
+
 `--models` compares any arms side by side instead, each against the parameter-matched Transformer and
 each next to its FLOP-model prediction (`t2mlr.baselines.costs`): `t2mlr:S-E` (T²MLR at the base width),
 `looped:full:K` / `looped:S-E:K` (blocks looped K times), `pause:P` (the ×P pause-token model: P − 1
@@ -29,6 +35,7 @@ reported: each one's median ms/token and the median of the per-pair ratios.
     python benchmarks/decode_overhead.py --quick               # < 1 minute: (5,26), 32 tokens, 3 pairs
     python benchmarks/decode_overhead.py --device cuda         # GPU: 512/1024/2048 tokens, bf16
     python benchmarks/decode_overhead.py --lengths 512 --placements 9-22 --repeats 5 --threads 2   # idle machine
+    python benchmarks/decode_overhead.py --device cuda --cache static --compile reduce-overhead   # CUDA graphs
     python benchmarks/decode_overhead.py --models t2mlr:13-18,t2mlr:9-22,pause:2,looped:full:2,looped:9-22:3,transformer \
         --lengths 32,128                                       # the paper's looped and pause-token baselines
 """
@@ -40,7 +47,7 @@ import statistics
 from collections.abc import Callable
 
 import torch
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers import AutoModelForCausalLM, CompileConfig, PreTrainedModel
 
 from t2mlr import T2MLRConfig, T2MLRForCausalLM
 from t2mlr.analysis.benchmarking import (
@@ -51,6 +58,7 @@ from t2mlr.analysis.benchmarking import (
     parse_int_list,
     parse_placements,
     print_report,
+    profile_table,
 )
 from t2mlr.baselines.costs import decode_flops
 from t2mlr.baselines.matching import (
@@ -80,7 +88,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="smoke run: placement 5-26, 32 tokens, 3 pairs")
     p.add_argument("--models", default=None, help="compare these arms instead of --placements: t2mlr:S-E, "
                    "looped:full:K, looped:S-E:K, pause:P (×P: P − 1 pauses per token), transformer; comma-separated")
+    p.add_argument("--cache", default="dynamic", choices=("dynamic", "static"),
+                   help="dynamic (T2MLRCache / DynamicCache, the default) or static (T2MLRStaticCache / StaticCache)")
+    p.add_argument("--compile", default="off", choices=("off", "default", "reduce-overhead", "max-autotune"),
+                   help="torch.compile mode of both decode steps (needs --cache static; reduce-overhead: CUDA graphs)")
+    p.add_argument("--profile", action="store_true",
+                   help="also print torch.profiler's operator summary of one run of each model (first length)")
     args = p.parse_args(argv)
+    if args.compile != "off" and args.cache != "static":
+        p.error("--compile needs --cache static (a growing cache changes the step's shapes every token)")
+    if args.cache == "static" and args.models is not None:
+        p.error("--cache static compares T²MLR with the Transformer (--placements); the looped and pause-token "
+                "baselines keep their own caches")
     args.device = resolve_device(args.device)
     cuda = args.device.type == "cuda"
     if args.quick:
@@ -116,10 +135,23 @@ def build_baseline(t2mlr_params: int, args: argparse.Namespace) -> PreTrainedMod
     return AutoModelForCausalLM.from_config(config).to(device=args.device, dtype=args.dtype).eval()
 
 
-def greedy_run(model: PreTrainedModel, new_tokens: int, device: torch.device) -> Callable[[], torch.Tensor]:
-    """A closure generating exactly `new_tokens` tokens greedily from BOS."""
+def decoding_settings(args: argparse.Namespace) -> dict[str, object]:
+    """generate() arguments of `--cache` and `--compile`, the same for T²MLR and the Transformer."""
+    if args.cache == "dynamic":
+        return {}
+    if args.compile == "off":  # transformers would compile a static-cache step on a GPU by itself
+        return {"cache_implementation": "static", "disable_compile": True}
+    config = CompileConfig(fullgraph=True, dynamic=False, mode=args.compile)
+    config._compile_all_devices = True  # transformers compiles only on accelerators unless told
+    return {"cache_implementation": "static", "compile_config": config}
+
+
+def greedy_run(model: PreTrainedModel, new_tokens: int, device: torch.device,
+               settings: dict[str, object] | None = None) -> Callable[[], torch.Tensor]:
+    """A closure generating exactly `new_tokens` tokens greedily from BOS (`settings`: `decoding_settings`)."""
     bos = torch.tensor([[model.config.bos_token_id]], device=device)
     extra = {"prefill": "exact"} if isinstance(model, T2MLRForCausalLM) else {}
+    extra.update(settings or {})
 
     def run() -> torch.Tensor:
         with torch.no_grad():
@@ -143,19 +175,22 @@ def measure_pairs(
     name: str, model: PreTrainedModel, baseline: PreTrainedModel, length: int, args: argparse.Namespace
 ) -> tuple[list[float], list[float], float]:
     """`--repeats` paired generation times of `model` and the baseline, and the median per-pair ratio."""
-    ours, base = paired_times(
-        greedy_run(model, length, args.device), greedy_run(baseline, length, args.device), args.repeats, args.device
-    )
+    settings = decoding_settings(args)
+    runs = greedy_run(model, length, args.device, settings), greedy_run(baseline, length, args.device, settings)
+    if args.compile != "off":  # compile and capture this length's step before timing it
+        for run in runs:
+            run()
+    ours, base = paired_times(*runs, args.repeats, args.device)
     ratio = median_ratio(ours, base)
     print(f"  {name} {length:5d} tokens: ratio {ratio:.3f} (pairs: "
           + ", ".join(f"{o / b:.3f}" for o, b in zip(ours, base)) + ")", flush=True)
     return ours, base, ratio
 
 
-def warm_up(*models: PreTrainedModel, device: torch.device) -> None:
+def warm_up(*models: PreTrainedModel, device: torch.device, settings: dict[str, object] | None = None) -> None:
     """Lazy initialisation, allocator, kernel selection: one short generation each before timing."""
     for model in models:
-        greedy_run(model, 8, device)()
+        greedy_run(model, 8, device, settings)()
 
 
 def measure_placement(
@@ -163,7 +198,7 @@ def measure_placement(
 ) -> list[list[object]]:
     """Table rows (one per length) for one placement."""
     model = build_t2mlr(placement, args)
-    warm_up(model, baseline, device=args.device)
+    warm_up(model, baseline, device=args.device, settings=decoding_settings(args))
     rows = []
     for length in args.lengths:
         ours, base, ratio = measure_pairs(str(placement), model, baseline, length, args)
@@ -180,6 +215,15 @@ def measure_placement(
         )
     del model
     return rows
+
+
+def print_profiles(placement: tuple[int, int], baseline: PreTrainedModel, args: argparse.Namespace) -> None:
+    """Operator summaries of one generation of T²MLR and of the baseline at the first length."""
+    model, length, settings = build_t2mlr(placement, args), args.lengths[0], decoding_settings(args)
+    for name, which in ((f"T²MLR{placement}", model), ("Transformer (matched)", baseline)):
+        run = greedy_run(which, length, args.device, settings)
+        run()  # warm: compilation and capture are not what the profile is for
+        print(f"\n### Profile: {name}, {length} new tokens\n\n```\n{profile_table(run, args.device)}\n```", flush=True)
 
 
 def measure_arm(arm: Arm, baseline: PreTrainedModel, reference: Arm, args: argparse.Namespace) -> list[list[object]]:
@@ -240,9 +284,11 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for placement in args.placements:
         rows += measure_placement(placement, baseline, args)
+    if args.profile:
+        print_profiles(args.placements[0], baseline, args)
     headers = ["model", "new tokens", "T²MLR s", "baseline s", "T²MLR ms/token", "baseline ms/token", "time ratio"]
     title = (f"Decoding overhead vs the parameter-matched Transformer ({str(args.dtype).removeprefix('torch.')}, "
-             f"greedy from BOS, median of {args.repeats} paired runs)")
+             f"greedy from BOS, {args.cache} cache, compile {args.compile}, median of {args.repeats} paired runs)")
     print_report(title, info, "decode_overhead.py", argv, headers, rows)
 
 

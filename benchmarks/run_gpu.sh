@@ -4,6 +4,7 @@
 # Writes one log per benchmark under $OUT (default benchmarks/gpu_logs); paste the tables into RESULTS.md.
 #   bash benchmarks/run_gpu.sh                 # all three
 #   bash benchmarks/run_gpu.sh decode          # then: bash benchmarks/run_gpu.sh prefill train
+#   bash benchmarks/run_gpu.sh compile-tests decode-graphs   # static caches, CUDA graphs (not in the default set)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-benchmarks/gpu_logs}"
@@ -23,10 +24,15 @@ for what in "${wanted[@]}"; do
   case "$what" in
     decode)   # paper lengths 512/1024/2048, bf16, three placements; target <= 1.03x
       run decode python benchmarks/decode_overhead.py --device cuda --repeats 3 ;;
+    decode-graphs)  # both models on static caches, decode steps compiled and captured as CUDA graphs
+      run decode-graphs python benchmarks/decode_overhead.py --device cuda --repeats 3 --cache static \
+        --compile reduce-overhead --placements 9-22,1-30 ;;
+    compile-tests)  # the GPU-only tests (they skip without CUDA)
+      run compile-tests python -m pytest -q -p no:cacheprovider tests/test_compile.py -k cuda ;;
     prefill)  # the paper's (5,26) at depths 2..32, plus narrower placements
       run prefill python benchmarks/prefill.py --device cuda --placements 5-26,9-22,13-18 --repeats 5 ;;
     train)    # full SmolLM2-135M shape, seq 2048, bf16 autocast: fixed depth (<= 2.24x) and the early-stop floor
       run train python benchmarks/train_overhead.py --gpu --repeats 5 --tol 1e9 ;;
-    *) echo "unknown benchmark $what (decode, prefill, train)" >&2; exit 2 ;;
+    *) echo "unknown benchmark $what (decode, decode-graphs, compile-tests, prefill, train)" >&2; exit 2 ;;
   esac
 done

@@ -58,6 +58,26 @@ def test_decode_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> None:
     assert "proportions at hidden 64" in out
 
 
+def test_decode_benchmark_runs_both_models_on_static_caches(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 19's setting: both models decode with preallocated caches (here uncompiled; the compiled step is
+    tested in test_compile.py); --compile without a static cache, or static with --models, is refused."""
+    script = load_script("decode_overhead")
+    script.main(["--hidden", "64", "--lengths", "4", "--placements", "2-3", "--repeats", "1", "--cache", "static",
+                 "--profile"])
+    out = capsys.readouterr().out
+    row = table_rows(out)[0]
+    assert row[:2] == ["T²MLR(2, 3)", "4"] and float(row[-1].rstrip("×")) > 0 and "static cache, compile off" in out
+    for name in ("T²MLR(2, 3)", "Transformer (matched)"):  # where the time goes, per model
+        profile = out.split(f"### Profile: {name}, 4 new tokens")[1]
+        assert "Self CPU" in profile and "aten::" in profile
+    for bad in (["--compile", "reduce-overhead"], ["--cache", "static", "--models", "t2mlr:2-3,transformer"]):
+        with pytest.raises(SystemExit):
+            script.main(bad)
+    settings = script.decoding_settings(script.parse_args(["--cache", "static", "--compile", "reduce-overhead"]))
+    assert settings["cache_implementation"] == "static" and settings["compile_config"].mode == "reduce-overhead"
+    assert settings["compile_config"].fullgraph
+
+
 def test_decode_benchmark_compares_models_with_their_flop_ratio(capsys: pytest.CaptureFixture[str]) -> None:
     load_script("decode_overhead").main(["--hidden", "64", "--lengths", "3", "--repeats", "1",
                                          "--models", "t2mlr:2-3,pause:2,looped:full:2,looped:2-3:3,transformer"])
@@ -137,6 +157,8 @@ def test_t2mlr_decode_step_traces_as_one_graph(capsys: pytest.CaptureFixture[str
     by_name = {r["name"]: r for r in report["explain"]}
     assert by_name["T²MLR(2,3), T2MLRCache"]["breaks"] == 0 and by_name["T²MLR(2,3), T2MLRCache"]["graphs"] == 1
     assert by_name["Transformer, StaticCache"]["breaks"] == 0
+    static = by_name["T²MLR(2,3), T2MLRStaticCache"]
+    assert static["breaks"] == 0 and static["graphs"] == 1
     assert "T²MLR(2,3), T2MLRCache: 1 graph(s), 0 break(s)" in capsys.readouterr().out
 
 

@@ -148,3 +148,45 @@ def test_exact_chunk_continuing_a_cache_compiles() -> None:
     with torch.no_grad():  # and the chunk continues the prefix exactly as one exact pass would
         whole = model(ids, recurrence="exact").logits[:, 4:]
     torch.testing.assert_close(results[1], whole, rtol=0, atol=1e-9)
+
+
+def test_static_cache_decoding_compiles_once_for_every_step() -> None:
+    """`generate(cache_implementation="static")` with a compile config (issue 19's CUDA-graph decoding, here
+    on the CPU): every decode step, of this call and of the next with the same shapes, runs one graph
+    traced once, and the tokens and logits are those of eager decoding with the growing T2MLRCache."""
+    from torch._dynamo.utils import counters
+    from transformers import CompileConfig
+
+    model = small_model()
+    prompt = random_ids(2, 5)
+    mask = left_padded(prompt, 2)
+    settings = {"attention_mask": mask, "max_new_tokens": 5, "do_sample": False, "pad_token_id": 0,
+                "eos_token_id": None, "return_dict_in_generate": True, "output_logits": True}
+    eager = model.generate(prompt, **settings)
+    config = CompileConfig(backend="aot_eager", fullgraph=True, dynamic=False)
+    config._compile_all_devices = True  # transformers compiles generate()'s step on accelerators only otherwise
+    counters.clear()
+    for _ in range(2):
+        out = model.generate(prompt, cache_implementation="static", compile_config=config, **settings)
+        assert torch.equal(out.sequences, eager.sequences)
+        torch.testing.assert_close(torch.stack(out.logits), torch.stack(eager.logits), rtol=0, atol=TOL)
+    assert counters["stats"]["unique_graphs"] == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_cuda_graph_decoding_with_a_static_cache_matches_eager() -> None:
+    """On a GPU, generate() captures the static-cache decode step as a CUDA graph (reduce-overhead); the
+    tokens are those of eager decoding with T2MLRCache and the logits agree to float32 rounding."""
+    from transformers import CompileConfig
+
+    model = small_model().to(device="cuda", dtype=torch.float32)
+    prompt = random_ids(2, 5).cuda()
+    mask = left_padded(prompt, 2)
+    settings = {"attention_mask": mask, "max_new_tokens": 8, "do_sample": False, "pad_token_id": 0,
+                "eos_token_id": None, "return_dict_in_generate": True, "output_logits": True}
+    eager = model.generate(prompt, **settings)
+    config = CompileConfig(fullgraph=True, dynamic=False, mode="reduce-overhead")
+    for _ in range(2):  # the second call replays the captured graph
+        out = model.generate(prompt, cache_implementation="static", compile_config=config, **settings)
+        assert torch.equal(out.sequences, eager.sequences)
+        torch.testing.assert_close(torch.stack(out.logits), torch.stack(eager.logits), rtol=0, atol=1e-4)

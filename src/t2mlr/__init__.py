@@ -13,7 +13,7 @@ import importlib
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["T2MLRCache", "T2MLRCausalLMOutput", "T2MLRConfig", "T2MLRForCausalLM", "__version__"]
+__all__ = ["T2MLRCache", "T2MLRCausalLMOutput", "T2MLRConfig", "T2MLRForCausalLM", "T2MLRStaticCache", "__version__"]
 
 
 def __getattr__(name: str) -> Any:

@@ -90,6 +90,20 @@ def paired_times(
     return a_times, b_times
 
 
+def profile_table(fn: Callable[[], object], device: torch.device, rows: int = 15) -> str:
+    """torch.profiler's summary of one call of `fn`: the operators that took the most time on the device
+    (self CUDA time on a GPU, self CPU time otherwise), so a missed target names where the time went."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    synchronize(device)
+    with torch.profiler.profile(activities=activities) as prof:
+        fn()
+        synchronize(device)
+    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=key, row_limit=rows)
+
+
 def median_ratio(numerators: Sequence[float], denominators: Sequence[float]) -> float:
     """Median of per-pair ratios."""
     return statistics.median(n / d for n, d in zip(numerators, denominators))

@@ -119,6 +119,8 @@ def _paper(task: str, lr: float, steps: int, min_lr_ratio: float, source: str) -
 # steps and depth 5 stayed at 33-38%. At 0.8 / 1.4 / 1.9 s per batch-256 step (Transformer / T²MLR(2,3) /
 # T²MLR(1,4), Jacobi (3, 1), one thread) no three-arm preset, with or without a shared warm-up, gets past the
 # first hop in 30 minutes, so the preset stays (all numbers: results/finetune_cpu/results.md).
+# A pretrained start does not rescue it on the CPU either (session 9, SmolLM2-135M-Instruct alone, plain loop, batch
+# 16, lr 1e-4): 27% / 37% / 34% after 20 / 40 / 60 steps at ~12 s per step, the 1/3 of guessing a constant.
 _CPU_VA = FinetunePreset(
     name="cpu", task="variable-assignment", arms=("t2mlr:2-3", "t2mlr:1-4", "transformer"),
     train_size=8_000, eval_size=300, task_settings={"depth": 5, "num_constants": 3, "num_distractors": 1},

@@ -9,7 +9,7 @@ so `AutoModelForCausalLM.from_pretrained(dir)` loads saved T²MLR models."""
 
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from .cache import T2MLRCache
+from .cache import T2MLRCache, T2MLRStaticCache
 from .configuration import ForwardPath, T2MLRConfig
 from .fusion import CacheNorm, GatedFusion
 from .modeling import (
@@ -31,5 +31,6 @@ __all__ = [
     "T2MLRConfig",
     "T2MLRForCausalLM",
     "T2MLRPreTrainedModel",
+    "T2MLRStaticCache",
     "is_t2mlr",
 ]

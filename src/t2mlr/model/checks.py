@@ -15,7 +15,7 @@ from transformers import DynamicCache
 
 from t2mlr.utils import IGNORE_INDEX
 
-from .cache import T2MLRCache
+from .cache import T2MLRCache, T2MLRStaticCache
 from .layout import TokenLayout, token_layout
 
 INTEGER_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
@@ -94,8 +94,11 @@ def checked_chunk(
     the checked attention mask."""
     batch, length, device = chunk_shape(input_ids, inputs_embeds, hidden_size)
     check_labels_shape(labels, batch, length)
-    past = cache.get_seq_length() if cache is not None else 0
-    attention_mask = checked_attention_mask(attention_mask, batch, past + length)
+    past = cached_length(cache)
+    if isinstance(cache, T2MLRStaticCache):
+        attention_mask = checked_static_attention_mask(attention_mask, batch, past, length, cache.max_cache_len)
+    else:
+        attention_mask = checked_attention_mask(attention_mask, batch, past + length)
     layout = token_layout(attention_mask, position_ids, document_ids, past, batch, length, device)
     check_value_ranges(input_ids, labels, layout.position_ids, vocab_size, max_positions)
     return layout, attention_mask
@@ -106,12 +109,13 @@ def check_labels_shape(labels: torch.Tensor | None, batch: int, length: int) -> 
         raise ValueError(f"labels must have the shape of the inputs ({batch}, {length}), got {tuple(labels.shape)}")
 
 
-def checked_cache(past_key_values: Any, use_cache: bool | None) -> T2MLRCache | None:
+def checked_cache(past_key_values: Any, use_cache: bool | None) -> T2MLRCache | T2MLRStaticCache | None:
     if past_key_values is None:
         return None
-    if not isinstance(past_key_values, T2MLRCache):
+    if not isinstance(past_key_values, (T2MLRCache, T2MLRStaticCache)):
         raise ValueError(
-            f"past_key_values must be a T2MLRCache (it carries the recurrent state), got {type(past_key_values).__name__}"
+            "past_key_values must be a T2MLRCache or T2MLRStaticCache (they carry the recurrent state), "
+            f"got {type(past_key_values).__name__}"
         )
     if use_cache is False:
         raise ValueError("use_cache=False contradicts the past_key_values that was passed")
@@ -126,6 +130,27 @@ def checked_attention_mask(mask: torch.Tensor | None, batch: int, total: int) ->
     return mask
 
 
+def cached_length(cache: T2MLRCache | T2MLRStaticCache | None) -> int | torch.Tensor:
+    """Tokens the cache holds before this chunk. A static cache keeps its length on the device (a 0-d
+    tensor its layers advance in place), so this returns a copy taken before any layer writes."""
+    past = cache.get_seq_length() if cache is not None else 0
+    return past.clone() if isinstance(past, torch.Tensor) else past
+
+
+def checked_static_attention_mask(
+    mask: torch.Tensor | None, batch: int, past: int | torch.Tensor, length: int, max_cache_len: int
+) -> torch.Tensor | None:
+    """A static cache's 2D mask, (batch, max_cache_len): given so (the fixed shape a compiled step needs),
+    or given as (batch, past + seq) and padded with zeros for the free positions (one host read)."""
+    if mask is None or (mask.dim() == 2 and tuple(mask.shape) == (batch, max_cache_len)):
+        return mask
+    total = int(past) + length
+    if total > max_cache_len:
+        raise ValueError(f"the chunk ends at token {total} but the static cache holds {max_cache_len}")
+    mask = checked_attention_mask(mask, batch, total)
+    return torch.nn.functional.pad(mask, (0, max_cache_len - total))
+
+
 def checked_recurrence_mask(mask: torch.Tensor | None, policy: str, batch: int, length: int) -> torch.Tensor | None:
     """The per-token recurrence mask as bools, or None under policy "all" (every real token fuses R)."""
     if policy == "all":
@@ -137,18 +162,6 @@ def checked_recurrence_mask(mask: torch.Tensor | None, policy: str, batch: int, 
     if tuple(mask.shape) != (batch, length):
         raise ValueError(f"recurrence_mask must have shape ({batch}, {length}), got {tuple(mask.shape)}")
     return mask.bool()
-
-
-def checked_incoming_state(cache: T2MLRCache, past: int) -> torch.Tensor:
-    """R after the last cached token; the cache must hold one state per cached token."""
-    stored = cache.recurrent_states
-    if stored is None or stored.shape[1] != past:
-        have = 0 if stored is None else stored.shape[1]
-        raise ValueError(
-            f"the cache holds keys for {past} tokens but recurrent states for {have}: it was filled with "
-            "recurrence='off' or by another model; rebuild it with this model's exact or Jacobi path"
-        )
-    return stored[:, -1]
 
 
 def checked_initial_states(

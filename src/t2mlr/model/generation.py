@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from transformers import GenerationMixin
 
-from .cache import T2MLRCache
+from .cache import T2MLRCache, T2MLRStaticCache
 from .configuration import check_depths, check_jacobi_tol
 
 PREFILL_PATHS = ("exact", "jacobi")
@@ -25,10 +25,32 @@ class T2MLRGenerationMixin(GenerationMixin):
     """`GenerationMixin` plus the prompt's forward path and the recurrence mask of generated tokens."""
 
     def _prepare_cache_for_generation(self, generation_config: Any, model_kwargs: dict, *args: Any, **kwargs: Any):
-        """generate() gets a T2MLRCache, so R is reordered, expanded and cropped with the KV cache."""
+        """generate() gets a T2MLRCache, so R is reordered, expanded and cropped with the KV cache;
+        `cache_implementation="static"` gets a T2MLRStaticCache (through `_prepare_static_cache`)."""
         if model_kwargs.get("past_key_values") is None and generation_config.use_cache is not False:
-            model_kwargs["past_key_values"] = T2MLRCache(config=self.config.base_config)
+            implementation = generation_config.cache_implementation
+            if implementation is None:
+                model_kwargs["past_key_values"] = T2MLRCache(config=self.config.base_config)
+            elif implementation != "static":
+                raise ValueError(
+                    f"cache_implementation={implementation!r} is not available for T²MLR, whose cache also "
+                    "carries R: use 'static' (T2MLRStaticCache) or none (T2MLRCache)"
+                )
         return super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
+
+    def _prepare_static_cache(self, cache_implementation: str, batch_size: int, max_cache_len: int, *args: Any,
+                              **kwargs: Any) -> T2MLRStaticCache:
+        """The static cache generate() builds for cache_implementation="static": R preallocated with the keys."""
+        return T2MLRStaticCache(self.config.base_config, max_cache_len=max_cache_len)
+
+    def create_masks_for_generate(self, attention_mask: torch.Tensor | None, past_key_values: Any,
+                                  **kwargs: Any) -> torch.Tensor | None:
+        """generate() asks a model with a compilable cache for its step's mask. T²MLR's forward needs the 2D
+        mask (it also tells which tokens are padding, for R); padded to the static cache's length it has
+        the same shape at every step."""
+        if attention_mask is None or not isinstance(past_key_values, T2MLRStaticCache):
+            return attention_mask
+        return torch.nn.functional.pad(attention_mask, (0, past_key_values.max_cache_len - attention_mask.shape[1]))
 
     def prepare_inputs_for_generation(
         self, input_ids: torch.LongTensor, *args: Any, recurrence_mask: torch.Tensor | None = None, **kwargs: Any

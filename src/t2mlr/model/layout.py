@@ -22,7 +22,7 @@ from transformers.masking_utils import (
     create_sliding_window_causal_mask,
 )
 
-from .cache import T2MLRCache
+from .cache import T2MLRCache, T2MLRStaticCache
 
 
 @dataclass
@@ -45,8 +45,17 @@ class LayerInputs:
     cache: DynamicCache | None
 
     def without_cache(self) -> "LayerInputs":
-        """The same inputs for a pass that must not write keys and values (the Jacobi iterations)."""
-        return replace(self, cache=None)
+        """The same inputs for a pass that must not write keys and values (the Jacobi iterations of a
+        prefill): the chunk attends to itself only, so 4D masks keep just its own key columns (a static
+        cache's masks span every position it can hold)."""
+        return replace(self, cache=None, masks=[_own_keys(mask) for mask in self.masks])
+
+
+def _own_keys(mask: Any) -> Any:
+    """A prefill's mask cut to the chunk's keys (a no-op unless it was sized for a static cache)."""
+    if isinstance(mask, torch.Tensor) and mask.dim() == 4 and mask.shape[-1] > mask.shape[-2]:
+        return mask[..., : mask.shape[-2]]
+    return mask
 
 
 # ---------------------------------------------------------------------------------------------- positions
@@ -72,14 +81,17 @@ def token_layout(
     attention_mask: torch.Tensor | None,
     position_ids: torch.Tensor | None,
     document_ids: torch.Tensor | None,
-    past: int,
+    past: int | torch.Tensor,
     batch: int,
     length: int,
     device: torch.device,
 ) -> TokenLayout:
-    """Positions, padding and document starts of a chunk of `length` tokens after `past` cached ones."""
+    """Positions, padding and document starts of a chunk of `length` tokens after `past` cached ones.
+
+    `attention_mask` covers the cached tokens and the chunk, and may run on past them (a static cache's
+    fixed-width mask, zero at the free positions); `past` is a 0-d tensor for a static cache."""
     if attention_mask is not None:
-        real = attention_mask[:, -length:].to(device=device, dtype=torch.bool)
+        real = chunk_columns(attention_mask, past, length).to(device=device, dtype=torch.bool)
     else:
         real = torch.ones(batch, length, dtype=torch.bool, device=device)
     if document_ids is not None:
@@ -93,9 +105,9 @@ def token_layout(
             position_ids = positions_within_documents(starts)
     if position_ids is None:
         if attention_mask is not None:
-            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -length:]
+            position_ids = chunk_columns((attention_mask.long().cumsum(-1) - 1).clamp(min=0), past, length)
         else:
-            position_ids = torch.arange(past, past + length, device=device).expand(batch, length)
+            position_ids = (torch.arange(length, device=device) + past).expand(batch, length)
     position_ids = position_ids.to(device).expand(batch, length)
     if document_ids is None:
         starts = position_ids == 0
@@ -111,6 +123,13 @@ def token_layout(
         document_start=starts,
         document_ids=starts.long().cumsum(-1) if packed else None,
     )
+
+
+def chunk_columns(per_token: torch.Tensor, past: int | torch.Tensor, length: int) -> torch.Tensor:
+    """Columns past .. past + length - 1 of a (batch, tokens) tensor; `past` may be a 0-d device tensor."""
+    if isinstance(past, torch.Tensor):
+        return per_token.index_select(1, past.to(per_token.device) + torch.arange(length, device=per_token.device))
+    return per_token[:, past : past + length]
 
 
 def _is_packed(starts: torch.Tensor, real: torch.Tensor) -> bool:
@@ -163,7 +182,9 @@ def layer_inputs(
 ) -> LayerInputs:
     """Masks (one per layer, built once per attention kind) and rotary embeddings of a chunk. `cache`
     (a T2MLRCache, or a baseline's own DynamicCache subclass) sizes the masks."""
-    extra = {}
+    # A static cache's masks span all its positions, so the exact path's one-query steps cannot fall back on
+    # sdpa's `is_causal` (a skipped mask) as they do with a growing cache: every mask is built.
+    extra: dict[str, Any] = {"allow_is_causal_skip": False} if isinstance(cache, T2MLRStaticCache) else {}
     if layout.document_ids is not None:
         extra["and_mask_function"] = _same_document(layout.document_ids)
         if attention_mask is None:  # an explicit mask turns off transformers' own packing detection,

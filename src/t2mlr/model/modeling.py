@@ -34,7 +34,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from t2mlr.utils import check_known_names
 
 from . import checks
-from .cache import T2MLRCache
+from .cache import T2MLRCache, T2MLRStaticCache
 from .configuration import ForwardPath, T2MLRConfig
 from .fixed_point import FixedPointBackward
 from .fusion import CacheNorm, GatedFusion
@@ -166,7 +166,7 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, T2MLRGenerationMixin):
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        past_key_values: T2MLRCache | None = None,
+        past_key_values: T2MLRCache | T2MLRStaticCache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
@@ -202,7 +202,7 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, T2MLRGenerationMixin):
             recurrence, d_forward=d_forward, d_backward=d_backward, jacobi_tol=jacobi_tol, bptt_window=bptt_window
         )
         cache = checks.checked_cache(past_key_values, use_cache)
-        past = cache.get_seq_length() if cache is not None else 0
+        past = checks.cached_length(cache)
         layout, attention_mask = checks.checked_chunk(
             input_ids, inputs_embeds, attention_mask, position_ids, labels, cache, self.config.hidden_size,
             self.config.vocab_size, getattr(self.config.base_config, "max_position_embeddings", None), document_ids,
@@ -250,7 +250,7 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, T2MLRGenerationMixin):
         inputs: LayerInputs,
         layout: TokenLayout,
         recurrence_mask: torch.Tensor | None,
-        past: int,
+        past: int | torch.Tensor,
         initial_states: torch.Tensor | None = None,
         exact_states: bool = False,
         record: list | None = None,
@@ -259,10 +259,8 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, T2MLRGenerationMixin):
         if path.recurrence == "off":
             return self._run_layers(self.middle_layer_indices(), h_low, inputs, record), None, None
         cache = inputs.cache
-        if past == 0:
-            r_in = h_low.new_zeros(h_low.shape[0], self.config.hidden_size)
-        else:
-            r_in = checks.checked_incoming_state(cache, past).to(h_low.dtype)
+        zero = h_low.new_zeros(h_low.shape[0], self.config.hidden_size)
+        r_in = zero if cache is None else cache.incoming_state(past, h_low)
         iterations = None
         if path.recurrence == "exact" and path.bptt_window is not None and torch.is_grad_enabled():
             h_end, r_out = self._truncated_exact_middle(h_low, r_in, inputs, layout, recurrence_mask, path, record)
