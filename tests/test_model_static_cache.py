@@ -100,6 +100,8 @@ def test_static_cache_refuses_what_it_cannot_do() -> None:
         with pytest.raises(ValueError, match="static cache holds 8"):
             model(random_ids(3, 2), attention_mask=torch.ones(3, 9, dtype=torch.long), past_key_values=cache,
                   use_cache=True)
+        with pytest.raises(ValueError, match="static cache holds 8"):  # no mask: the same check
+            model(random_ids(3, 2), past_key_values=cache, use_cache=True)
     with pytest.raises(ValueError, match="cannot be cropped"):
         cache.crop(-1)
     with pytest.raises(ValueError, match="fixed"):

@@ -141,12 +141,16 @@ def checked_static_attention_mask(
     mask: torch.Tensor | None, batch: int, past: int | torch.Tensor, length: int, max_cache_len: int
 ) -> torch.Tensor | None:
     """A static cache's 2D mask, (batch, max_cache_len): given so (the fixed shape a compiled step needs),
-    or given as (batch, past + seq) and padded with zeros for the free positions (one host read)."""
-    if mask is None or (mask.dim() == 2 and tuple(mask.shape) == (batch, max_cache_len)):
+    or given as (batch, past + seq) and padded with zeros for the free positions. In eager mode one host
+    read checks that the chunk fits in the cache (under torch.compile the check is skipped)."""
+    fixed = mask is None or (mask.dim() == 2 and tuple(mask.shape) == (batch, max_cache_len))
+    if fixed and torch.compiler.is_compiling():
         return mask
     total = int(past) + length
     if total > max_cache_len:
         raise ValueError(f"the chunk ends at token {total} but the static cache holds {max_cache_len}")
+    if fixed:
+        return mask
     mask = checked_attention_mask(mask, batch, total)
     return torch.nn.functional.pad(mask, (0, max_cache_len - total))
 
