@@ -47,7 +47,7 @@ import statistics
 from collections.abc import Callable
 
 import torch
-from transformers import AutoModelForCausalLM, CompileConfig, PreTrainedModel
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from t2mlr import T2MLRConfig, T2MLRForCausalLM
 from t2mlr.analysis.benchmarking import (
@@ -68,6 +68,7 @@ from t2mlr.baselines.matching import (
     matched_baseline_config,
     parse_model_specs,
 )
+from t2mlr.generation.text import compiled_decoding_kwargs
 from t2mlr.model.shapes import smollm2_shaped_config
 from t2mlr.utils import DTYPES, resolve_device, resolve_dtype
 
@@ -137,13 +138,7 @@ def build_baseline(t2mlr_params: int, args: argparse.Namespace) -> PreTrainedMod
 
 def decoding_settings(args: argparse.Namespace) -> dict[str, object]:
     """generate() arguments of `--cache` and `--compile`, the same for T²MLR and the Transformer."""
-    if args.cache == "dynamic":
-        return {}
-    if args.compile == "off":  # transformers would compile a static-cache step on a GPU by itself
-        return {"cache_implementation": "static", "disable_compile": True}
-    config = CompileConfig(fullgraph=True, dynamic=False, mode=args.compile)
-    config._compile_all_devices = True  # transformers compiles only on accelerators unless told
-    return {"cache_implementation": "static", "compile_config": config}
+    return {} if args.cache == "dynamic" else compiled_decoding_kwargs(args.compile)
 
 
 def greedy_run(model: PreTrainedModel, new_tokens: int, device: torch.device,

@@ -301,6 +301,14 @@ def test_generate_kwargs_pin_the_prefill_path() -> None:
         generate_kwargs(model, GenerationSettings(prefill_depth=4))
     with pytest.raises(ValueError, match="need --do-sample"):
         generate_kwargs(model, GenerationSettings(top_p=0.9))
+    compiled = generate_kwargs(model, GenerationSettings(compile="reduce-overhead"))
+    assert compiled["cache_implementation"] == "static" and compiled["compile_config"].mode == "reduce-overhead"
+    assert compiled["compile_config"].fullgraph and "cache_implementation" not in generate_kwargs(model, GenerationSettings())
+    with pytest.raises(ValueError, match="compile must be one of"):
+        generate_kwargs(model, GenerationSettings(compile="fast"))
+    from t2mlr.generation.commands import COMPILE_CHOICES
+    from t2mlr.generation.text import COMPILE_MODES
+    assert COMPILE_CHOICES == COMPILE_MODES  # the CLI lists them without importing torch
 
 
 def test_jacobi_prefill_then_assisted_decoding_continues_exactly() -> None:
@@ -363,7 +371,8 @@ def _run_cli(argv: list[str]) -> int:
     return args.func(args)
 
 
-@pytest.mark.parametrize("prefill", [[], ["--prefill", "jacobi", "--prefill-depth", "16"]], ids=["exact", "jacobi"])
+@pytest.mark.parametrize("prefill", [[], ["--prefill", "jacobi", "--prefill-depth", "16"], ["--compile", "default"]],
+                         ids=["exact", "jacobi", "compiled static cache"])
 def test_generate_command_streams_the_greedy_continuation(tmp_path, capsys, prefill: list[str]) -> None:
     model_dir = save_model_dir(tmp_path / "model")
     code = _run_cli([str(model_dir), "--prompt", "what color is the sky", "--max-new-tokens", "5", "--device", "cpu", *prefill])

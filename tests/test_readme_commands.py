@@ -27,6 +27,7 @@ AS_WRITTEN = [
     't2mlr generate runs/debug/final --prompt "t3 t17 t5" --max-new-tokens 16',
     't2mlr generate runs/debug/final --prompt "t3 t17 t5" --prefill jacobi --prefill-depth 8 --do-sample --top-p 0.9',
     't2mlr generate runs/debug/final --prompt "t3 t17 t5" --prefill jacobi --prefill-depth 16 --prefill-tol 1e-3',
+    't2mlr generate runs/debug/final --prompt "t3 t17 t5" --max-new-tokens 16 --compile default',
     "t2mlr rl grpo grpo_tiny --out runs/grpo_tiny",
 ]
 

@@ -8,11 +8,14 @@ examples:
   t2mlr generate runs/debug/final --prompt "t3 t17 t5" --max-new-tokens 16
   t2mlr generate runs/135m/final --prompt "The capital of France is" --prefill jacobi --prefill-depth 8
   t2mlr generate runs/135m/final --prompt "..." --do-sample --top-p 0.9 --temperature 0.8 --seed 0
+  t2mlr generate runs/135m/final --prompt "..." --max-new-tokens 512 --compile reduce-overhead   # GPU: CUDA graphs
 
 --prefill picks the prompt's forward path: exact (token by token, the definition) or jacobi (the
 whole prompt in parallel, --prefill-depth iterations, exact once the depth exceeds the prompt's
 length; --prefill-tol stops the iterations once the state settles). Every generated token is one exact
-step either way. Exit codes: 0 done, 2 bad input (a missing directory or tokenizer, a bad setting).
+step either way. --compile decodes with a static cache and a compiled step (one graph for every token;
+compiling takes a while, so it pays off on long outputs). Exit codes: 0 done, 2 bad input (a missing
+directory or tokenizer, a bad setting).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ if TYPE_CHECKING:  # loaded when the command runs: the CLI starts without torch 
     from t2mlr.generation.text import GenerationSettings
 
 PREFILL_CHOICES = ("exact", "jacobi")  # t2mlr.model.generation.PREFILL_PATHS; checked again when the model runs
+COMPILE_CHOICES = ("off", "default", "reduce-overhead", "max-autotune")  # t2mlr.generation.text.COMPILE_MODES
 
 __all__ = ["add_arguments", "register", "run_generate"]
 
@@ -53,6 +57,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=0, help="0 = no top-k filtering")
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument(
+        "--compile", choices=COMPILE_CHOICES, default="off",
+        help="torch.compile mode of the decode step, with a static cache (reduce-overhead: CUDA graphs on a GPU)",
+    )
     parser.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda, cuda:1, ...")
     parser.add_argument("--dtype", default="auto", choices=("auto", *DTYPES), help="auto = as saved")
 
@@ -82,6 +90,7 @@ def settings_from_args(args: argparse.Namespace) -> "GenerationSettings":
         top_p=args.top_p,
         top_k=args.top_k,
         seed=args.seed,
+        compile=args.compile,
     )
     settings.validate()
     return settings

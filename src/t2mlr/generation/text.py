@@ -4,7 +4,9 @@ Decoding is one token per step, where T²MLR's exact and Jacobi paths coincide; 
 forward (the prefill) differs: "exact" runs the recurrent middle block token by token (the model's
 definition), "jacobi" runs it in parallel with `prefill_depth` cache iterations (faster, exact only
 when the depth exceeds the prompt length). The choice is always passed to `generate()` explicitly, so
-the path never depends on the config's defaults.
+the path never depends on the config's defaults. `compile` decodes with a static cache (T²MLR:
+`T2MLRStaticCache`) and a compiled step, traced once for every token; "reduce-overhead" also captures
+it as a CUDA graph on a GPU.
 """
 
 from __future__ import annotations
@@ -12,13 +14,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import CompileConfig, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.generation.streamers import BaseStreamer
 
 from t2mlr.model import is_t2mlr
 from t2mlr.model.generation import PREFILL_PATHS, prefill_kwargs
 
-__all__ = ["PREFILL_PATHS", "GenerationSettings", "encode_prompt", "generate_kwargs", "generate_text"]
+__all__ = [
+    "COMPILE_MODES",
+    "PREFILL_PATHS",
+    "GenerationSettings",
+    "compiled_decoding_kwargs",
+    "encode_prompt",
+    "generate_kwargs",
+    "generate_text",
+]
+
+COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")  # torch.compile modes, and off
 
 
 @dataclass
@@ -34,15 +46,28 @@ class GenerationSettings:
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
+    compile: str = "off"
 
     def validate(self) -> None:
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.compile not in COMPILE_MODES:
+            raise ValueError(f"compile must be one of {', '.join(COMPILE_MODES)}, got {self.compile!r}")
         prefill_kwargs(self.prefill, self.prefill_depth, self.prefill_tol, default_depth=1)  # the model's own checks
         if not self.do_sample and (self.temperature != 1.0 or self.top_p != 1.0 or self.top_k != 0):
             raise ValueError("--temperature, --top-p and --top-k need --do-sample (greedy decoding ignores them)")
         if self.temperature <= 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
             raise ValueError("need temperature > 0, 0 < top_p <= 1 and top_k >= 0")
+
+
+def compiled_decoding_kwargs(mode: str) -> dict:
+    """generate() arguments for a static cache and a decode step compiled in `mode` (fullgraph, fixed
+    shapes); "off": the static cache alone (transformers would otherwise compile its step on a GPU)."""
+    if mode == "off":
+        return {"cache_implementation": "static", "disable_compile": True}
+    config = CompileConfig(fullgraph=True, dynamic=False, mode=mode)
+    config._compile_all_devices = True  # transformers compiles only on accelerators unless told
+    return {"cache_implementation": "static", "compile_config": config}
 
 
 def generate_kwargs(model: PreTrainedModel, settings: GenerationSettings) -> dict:
@@ -62,6 +87,8 @@ def generate_kwargs(model: PreTrainedModel, settings: GenerationSettings) -> dic
             kwargs["prefill_tol"] = settings.prefill_tol
     elif settings.prefill != "exact" or settings.prefill_depth is not None or settings.prefill_tol is not None:
         raise ValueError(f"{type(model).__name__} is not a T²MLR model: it has no Jacobi prefill")
+    if settings.compile != "off":
+        kwargs.update(compiled_decoding_kwargs(settings.compile))
     return kwargs
 
 
