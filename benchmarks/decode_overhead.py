@@ -68,7 +68,7 @@ from t2mlr.baselines.matching import (
     matched_baseline_config,
     parse_model_specs,
 )
-from t2mlr.generation.text import compiled_decoding_kwargs
+from t2mlr.generation.text import COMPILE_MODES, compiled_decoding_kwargs
 from t2mlr.model.shapes import smollm2_shaped_config
 from t2mlr.utils import DTYPES, resolve_device, resolve_dtype
 
@@ -91,7 +91,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "looped:full:K, looped:S-E:K, pause:P (×P: P − 1 pauses per token), transformer; comma-separated")
     p.add_argument("--cache", default="dynamic", choices=("dynamic", "static"),
                    help="dynamic (T2MLRCache / DynamicCache, the default) or static (T2MLRStaticCache / StaticCache)")
-    p.add_argument("--compile", default="off", choices=("off", "default", "reduce-overhead", "max-autotune"),
+    p.add_argument("--compile", default="off", choices=COMPILE_MODES,
                    help="torch.compile mode of both decode steps (needs --cache static; reduce-overhead: CUDA graphs)")
     p.add_argument("--profile", action="store_true",
                    help="also print torch.profiler's operator summary of one run of each model (first length)")

@@ -105,6 +105,10 @@ class T2MLRStaticCache(StaticCache):
         self.state_buffer: torch.Tensor | None = None  # allocated by the first write
         self.state_count = torch.zeros((), dtype=torch.long)  # states written; a tensor, changed in place
 
+    def padded_mask(self, mask: torch.Tensor) -> torch.Tensor:
+        """A (batch, tokens so far) 2D mask widened with zeros to (batch, max_cache_len): the free positions."""
+        return torch.nn.functional.pad(mask, (0, self.max_cache_len - mask.shape[1]))
+
     def _allocate(self, states: torch.Tensor) -> None:
         batch, _, hidden = states.shape
         self.state_buffer = states.new_zeros(batch, self.max_cache_len, hidden)

@@ -96,7 +96,7 @@ def checked_chunk(
     check_labels_shape(labels, batch, length)
     past = cached_length(cache)
     if isinstance(cache, T2MLRStaticCache):
-        attention_mask = checked_static_attention_mask(attention_mask, batch, past, length, cache.max_cache_len)
+        attention_mask = checked_static_attention_mask(attention_mask, batch, past, length, cache)
     else:
         attention_mask = checked_attention_mask(attention_mask, batch, past + length)
     layout = token_layout(attention_mask, position_ids, document_ids, past, batch, length, device)
@@ -138,21 +138,18 @@ def cached_length(cache: T2MLRCache | T2MLRStaticCache | None) -> int | torch.Te
 
 
 def checked_static_attention_mask(
-    mask: torch.Tensor | None, batch: int, past: int | torch.Tensor, length: int, max_cache_len: int
+    mask: torch.Tensor | None, batch: int, past: int | torch.Tensor, length: int, cache: T2MLRStaticCache
 ) -> torch.Tensor | None:
     """A static cache's 2D mask, (batch, max_cache_len): given so (the fixed shape a compiled step needs),
     or given as (batch, past + seq) and padded with zeros for the free positions. In eager mode one host
     read checks that the chunk fits in the cache (under torch.compile the check is skipped)."""
-    fixed = mask is None or (mask.dim() == 2 and tuple(mask.shape) == (batch, max_cache_len))
+    fixed = mask is None or (mask.dim() == 2 and tuple(mask.shape) == (batch, cache.max_cache_len))
     if fixed and torch.compiler.is_compiling():
         return mask
     total = int(past) + length
-    if total > max_cache_len:
-        raise ValueError(f"the chunk ends at token {total} but the static cache holds {max_cache_len}")
-    if fixed:
-        return mask
-    mask = checked_attention_mask(mask, batch, total)
-    return torch.nn.functional.pad(mask, (0, max_cache_len - total))
+    if total > cache.max_cache_len:
+        raise ValueError(f"the chunk ends at token {total} but the static cache holds {cache.max_cache_len}")
+    return mask if fixed else cache.padded_mask(checked_attention_mask(mask, batch, total))
 
 
 def checked_recurrence_mask(mask: torch.Tensor | None, policy: str, batch: int, length: int) -> torch.Tensor | None:

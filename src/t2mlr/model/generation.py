@@ -50,7 +50,7 @@ class T2MLRGenerationMixin(GenerationMixin):
         the same shape at every step."""
         if attention_mask is None or not isinstance(past_key_values, T2MLRStaticCache):
             return attention_mask
-        return torch.nn.functional.pad(attention_mask, (0, past_key_values.max_cache_len - attention_mask.shape[1]))
+        return past_key_values.padded_mask(attention_mask)
 
     def prepare_inputs_for_generation(
         self, input_ids: torch.LongTensor, *args: Any, recurrence_mask: torch.Tensor | None = None, **kwargs: Any
