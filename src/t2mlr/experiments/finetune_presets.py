@@ -121,6 +121,9 @@ def _paper(task: str, lr: float, steps: int, min_lr_ratio: float, source: str) -
 # first hop in 30 minutes, so the preset stays (all numbers: results/finetune_cpu/results.md).
 # A pretrained start does not rescue it on the CPU either (session 9, SmolLM2-135M-Instruct alone, plain loop, batch
 # 16, lr 1e-4): 27% / 37% / 34% after 20 / 40 / 60 steps at ~12 s per step, the 1/3 of guessing a constant.
+# Nor does a chain-of-thought target (session 10, the Transformer alone, plain loop, batch 64, the chain of
+# variables then the digit supervised): 9-10% at depth 2 after 1,500 steps; at depth 5, 26.7% after 3,000 steps
+# in one run and 7-13% throughout 5,000 steps in another, below the 1/3 of guessing a constant.
 _CPU_VA = FinetunePreset(
     name="cpu", task="variable-assignment", arms=("t2mlr:2-3", "t2mlr:1-4", "transformer"),
     train_size=8_000, eval_size=300, task_settings={"depth": 5, "num_constants": 3, "num_distractors": 1},
