@@ -124,7 +124,8 @@ def _paper(task: str, lr: float, steps: int, min_lr_ratio: float, source: str) -
 # Nor does a chain-of-thought target (session 10, the Transformer alone, plain loop, batch 64, the chain of
 # variables then the digit supervised): 9-10% at depth 2 after 1,500 steps; at depth 5, 26.7% after 3,000 steps
 # in one run and 7-13% throughout 5,000 steps in another, below the 1/3 of guessing a constant.
-# Six variable names instead of 26 (answer-only, depths 0 and 1, 4,000 × 64) stayed at 27-37% too.
+# Six variable names instead of 26 (answer-only, depths 0 and 1, 4,000 × 64) stayed at 27-37% too, and so did
+# reading `=___\nAnswer: |` as one token (the query letter right before the answer; depths 0 and 1, 4,000 and 3,000 × 64).
 _CPU_VA = FinetunePreset(
     name="cpu", task="variable-assignment", arms=("t2mlr:2-3", "t2mlr:1-4", "transformer"),
     train_size=8_000, eval_size=300, task_settings={"depth": 5, "num_constants": 3, "num_distractors": 1},
