@@ -3,6 +3,7 @@ every task command (all files written, predictions re-scoring to the reported pa
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 from pathlib import Path
@@ -341,3 +342,25 @@ def test_retrofit_of_one_pretrained_model(tmp_path: Path) -> None:
     assert payload["results"][0]["start"] == f"retrofit of {pretrained}"
     labels = {r["arm"]: r["label"] for r in payload["results"]}
     assert labels == {"t2mlr:1-1": "T²MLR(1,1)", "transformer": "Transformer (the pretrained model)"}
+
+
+def _calibration_script():
+    """`results/finetune_cpu/calibrate_va.py`, the plain loop behind the variable-assignment calibrations."""
+    path = Path(__file__).resolve().parents[1] / "results" / "finetune_cpu" / "calibrate_va.py"
+    spec = importlib.util.spec_from_file_location("calibrate_va", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_calibration_loop_runs_and_line_tokens_are_one_symbol(capsys):
+    script = _calibration_script()
+    script.main(["--depth", "1", "--train", "40", "--eval", "6", "--batch", "4", "--steps", "2", "--every", "1",
+                 "--hidden", "16", "--heads", "2", "--layers", "1", "--line-tokens"])
+    printed = capsys.readouterr().out
+    scores = [float(line.split("pass@1 ")[1].split()[0]) for line in printed.splitlines() if "pass@1" in line]
+    assert len(scores) == 2 and all(0.0 <= s <= 1.0 and round(s * 6) == s * 6 for s in scores)
+    tokenizer = build_task_tokenizer(["a=5\nb=a\nb=___"], script.task_phrases(line_tokens=True))
+    assert tokenizer.convert_ids_to_tokens(tokenizer("a=5\nb=a\nb=___")["input_ids"]) == ["a=5", "\n", "b=a", "\n", "b=___"]
+    plain = build_task_tokenizer(["a=5\nb=___"], script.task_phrases(line_tokens=False))
+    assert plain.convert_ids_to_tokens(plain("a=5\nb=___")["input_ids"]) == ["a", "=", "5", "\n", "b", "=___"]

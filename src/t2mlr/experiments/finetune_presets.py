@@ -126,6 +126,9 @@ def _paper(task: str, lr: float, steps: int, min_lr_ratio: float, source: str) -
 # in one run and 7-13% throughout 5,000 steps in another, below the 1/3 of guessing a constant.
 # Six variable names instead of 26 (answer-only, depths 0 and 1, 4,000 × 64) stayed at 27-37% too, and so did
 # reading `=___\nAnswer: |` as one token (the query letter right before the answer; depths 0 and 1, 4,000 and 3,000 × 64).
+# Session 11: every assignment (`a=5`) and query read as one token, a one-attention lookup for depth 0, climbed from
+# 1/10 to the same plateau (depth 0: 33.7% after 4,000 × 64; depth 5: 32.0%); wider models (hidden 128 and 256, depth
+# 0, batch 128) stayed at 28-37%. The loop is `results/finetune_cpu/calibrate_va.py`.
 _CPU_VA = FinetunePreset(
     name="cpu", task="variable-assignment", arms=("t2mlr:2-3", "t2mlr:1-4", "transformer"),
     train_size=8_000, eval_size=300, task_settings={"depth": 5, "num_constants": 3, "num_distractors": 1},
