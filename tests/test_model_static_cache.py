@@ -118,3 +118,39 @@ def test_static_cache_filled_without_recurrence_is_refused() -> None:
         model(ids, past_key_values=cache, use_cache=True, recurrence="off")
         with pytest.raises(ValueError, match="keys for 5 tokens but recurrent states for 0"):
             model(random_ids(2, 1), past_key_values=cache, use_cache=True, recurrence="exact")
+
+
+HOST_READS = ("tolist", "item", "__int__", "__index__", "__bool__", "__float__")
+
+
+def test_an_eager_static_step_reads_the_device_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every check of a decode step (value ranges, room in the cache, one R per cached key) shares one host
+    read: each read stalls a GPU step. Counted by wrapping the Tensor methods that copy a value to the host."""
+    model = tiny_model()
+    ids, mask = left_padded_prompt()
+    cache = T2MLRStaticCache(model.config, max_cache_len=12)
+    with torch.no_grad():
+        model(ids, attention_mask=mask, past_key_values=cache, use_cache=True)
+        reads: list[str] = []
+        for name in HOST_READS:
+            method = getattr(torch.Tensor, name)
+            monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _m=method, _n=name, **k: reads.append(_n) or _m(self, *a, **k))
+        grown = torch.cat([mask, torch.ones(mask.shape[0], 1, dtype=mask.dtype)], dim=1)
+        model(random_ids(3, 1), attention_mask=grown, past_key_values=cache, use_cache=True)
+        model(random_ids(3, 1), attention_mask=cache.padded_mask(torch.cat([grown, grown[:, :1]], dim=1)),
+              past_key_values=cache, use_cache=True)
+    assert reads == ["tolist", "tolist"]
+
+
+def test_a_growing_mask_must_cover_the_cached_tokens() -> None:
+    model = tiny_model()
+    ids, mask = left_padded_prompt()
+    cache = T2MLRStaticCache(model.config, max_cache_len=12)
+    with torch.no_grad():
+        model(ids, attention_mask=mask, past_key_values=cache, use_cache=True)
+        with pytest.raises(ValueError, match=r"past \+ seq\) = \(3, 8\), got \(3, 9\)"):
+            model(random_ids(3, 1), attention_mask=torch.ones(3, 9, dtype=torch.long), past_key_values=cache,
+                  use_cache=True)
+        with pytest.raises(ValueError, match="batch 3"):
+            model(random_ids(3, 1), attention_mask=torch.ones(2, 8, dtype=torch.long), past_key_values=cache,
+                  use_cache=True)

@@ -8,6 +8,7 @@ single host sync per forward. Under `torch.compile` that read is skipped: a grap
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -15,7 +16,7 @@ from transformers import DynamicCache
 
 from t2mlr.utils import IGNORE_INDEX
 
-from .cache import T2MLRCache, T2MLRStaticCache
+from .cache import KEYS_WITHOUT_STATES, T2MLRCache, T2MLRStaticCache
 from .layout import TokenLayout, token_layout
 
 INTEGER_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
@@ -47,19 +48,24 @@ def check_value_ranges(
     position_ids: torch.Tensor,
     vocab_size: int,
     max_positions: int | None,
-) -> None:
+    counts: Sequence[torch.Tensor] = (),
+) -> list[int]:
     """Token ids and labels inside the vocabulary (labels may also be -100) and positions below the
-    base model's limit, read back in one host sync (each sync stalls a GPU decode step)."""
+    base model's limit, read back in one host sync (each sync stalls a GPU decode step). `counts`, 0-d
+    integer tensors other checks need (a static cache's lengths), ride along in that sync and are returned;
+    under torch.compile nothing is read and the list is empty."""
     if torch.compiler.is_compiling():
-        return
+        return []
     bounds = [position_ids.max().reshape(1)]
+    bounds.extend(c.to(position_ids.device, position_ids.dtype).reshape(1) for c in counts)
     if input_ids is not None:
         bounds.append(torch.stack(torch.aminmax(input_ids)).to(position_ids.dtype))
     if labels is not None:
         scored = labels.masked_fill(labels == IGNORE_INDEX, 0)
         bounds.append(torch.stack(torch.aminmax(scored)).to(position_ids.dtype))
     values = torch.cat(bounds).tolist()
-    highest_position = values[0]
+    highest_position, read = values[0], values[1 : 1 + len(counts)]
+    values = values[:1] + values[1 + len(counts):]
     if input_ids is not None:
         low, high = values[1:3]
         if low < 0 or high >= vocab_size:
@@ -75,6 +81,7 @@ def check_value_ranges(
             f"position {highest_position} exceeds the base model's limit (max_position_embeddings={max_positions}); "
             "shorten the sequence or pack it into documents"
         )
+    return read
 
 
 def checked_chunk(
@@ -88,19 +95,25 @@ def checked_chunk(
     vocab_size: int,
     max_positions: int | None,
     document_ids: torch.Tensor | None = None,
+    reads_states: bool = True,
 ) -> tuple[TokenLayout, torch.Tensor | None]:
     """Every check of a forward's inputs, in order, and the chunk's token layout (positions, padding,
     document starts) after the `cache.get_seq_length()` tokens the cache holds. Returns the layout and
-    the checked attention mask."""
+    the checked attention mask. `reads_states`: the forward continues the cache's recurrent states (any
+    path but recurrence="off"), so a static cache must hold one per cached token."""
     batch, length, device = chunk_shape(input_ids, inputs_embeds, hidden_size)
     check_labels_shape(labels, batch, length)
     past = cached_length(cache)
-    if isinstance(cache, T2MLRStaticCache):
-        attention_mask = checked_static_attention_mask(attention_mask, batch, past, length, cache)
+    static = isinstance(cache, T2MLRStaticCache)
+    if static:
+        attention_mask, given_width = static_attention_mask(attention_mask, batch, cache)
     else:
         attention_mask = checked_attention_mask(attention_mask, batch, past + length)
     layout = token_layout(attention_mask, position_ids, document_ids, past, batch, length, device)
-    check_value_ranges(input_ids, labels, layout.position_ids, vocab_size, max_positions)
+    counts = (torch.as_tensor(past), cache.state_count) if static else ()
+    read = check_value_ranges(input_ids, labels, layout.position_ids, vocab_size, max_positions, counts)
+    if read:
+        check_static_lengths(cache, *read, batch, length, given_width, reads_states)
     return layout, attention_mask
 
 
@@ -137,19 +150,35 @@ def cached_length(cache: T2MLRCache | T2MLRStaticCache | None) -> int | torch.Te
     return past.clone() if isinstance(past, torch.Tensor) else past
 
 
-def checked_static_attention_mask(
-    mask: torch.Tensor | None, batch: int, past: int | torch.Tensor, length: int, cache: T2MLRStaticCache
-) -> torch.Tensor | None:
+def static_attention_mask(
+    mask: torch.Tensor | None, batch: int, cache: T2MLRStaticCache
+) -> tuple[torch.Tensor | None, int | None]:
     """A static cache's 2D mask, (batch, max_cache_len): given so (the fixed shape a compiled step needs),
-    or given as (batch, past + seq) and padded with zeros for the free positions. In eager mode one host
-    read checks that the chunk fits in the cache (under torch.compile the check is skipped)."""
-    fixed = mask is None or (mask.dim() == 2 and tuple(mask.shape) == (batch, cache.max_cache_len))
-    if fixed and torch.compiler.is_compiling():
-        return mask
-    total = int(past) + length
+    or given as (batch, past + seq) and padded with zeros for the free positions. Returns the mask and the
+    width it was given with (None when fixed), which `check_static_lengths` matches to the cache's
+    length once that has been read; nothing here reads the device."""
+    if mask is None or (mask.dim() == 2 and tuple(mask.shape) == (batch, cache.max_cache_len)):
+        return mask, None
+    if mask.dim() != 2 or mask.shape[0] != batch:
+        raise ValueError(f"attention_mask must be 2D (batch, past + seq) with batch {batch}, got {tuple(mask.shape)}")
+    if mask.shape[1] > cache.max_cache_len:
+        raise ValueError(f"the chunk ends at token {mask.shape[1]} but the static cache holds {cache.max_cache_len}")
+    return cache.padded_mask(mask), mask.shape[1]
+
+
+def check_static_lengths(
+    cache: T2MLRStaticCache, past: int, states: int, batch: int, length: int, given_width: int | None,
+    reads_states: bool,
+) -> None:
+    """The checks a static cache's lengths need (read with the value ranges, in eager mode only): the chunk
+    fits, a growing mask covers exactly past + seq tokens, and (`reads_states`) one R per cached token."""
+    total = past + length
     if total > cache.max_cache_len:
         raise ValueError(f"the chunk ends at token {total} but the static cache holds {cache.max_cache_len}")
-    return mask if fixed else cache.padded_mask(checked_attention_mask(mask, batch, total))
+    if given_width is not None and given_width != total:
+        raise ValueError(f"attention_mask must be 2D (batch, past + seq) = ({batch}, {total}), got ({batch}, {given_width})")
+    if reads_states and states != past:
+        raise ValueError(KEYS_WITHOUT_STATES.format(past=past, have=states))
 
 
 def checked_recurrence_mask(mask: torch.Tensor | None, policy: str, batch: int, length: int) -> torch.Tensor | None:

@@ -206,6 +206,7 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, T2MLRGenerationMixin):
         layout, attention_mask = checks.checked_chunk(
             input_ids, inputs_embeds, attention_mask, position_ids, labels, cache, self.config.hidden_size,
             self.config.vocab_size, getattr(self.config.base_config, "max_position_embeddings", None), document_ids,
+            reads_states=path.recurrence != "off",
         )
         batch, length = layout.real.shape
         recurrence_mask = checks.checked_recurrence_mask(recurrence_mask, self.config.recurrence_mask_policy, batch, length)
