@@ -7,6 +7,8 @@ import pytest
 import torch
 from conftest import exact_states, random_ids, tiny_model
 
+from t2mlr import T2MLRCache
+
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
@@ -163,6 +165,9 @@ GENERATIONS = {
     "beams": dict(do_sample=False, num_beams=3, num_return_sequences=2),
     "prompt lookup": dict(do_sample=False, prompt_lookup_num_tokens=2),
     "jacobi prefill": dict(do_sample=False, prefill="jacobi", prefill_depth=2),
+    "static greedy": dict(do_sample=False, cache_implementation="static"),
+    "static sampling": dict(do_sample=True, top_k=0, num_return_sequences=2, cache_implementation="static"),
+    "static beams": dict(do_sample=False, num_beams=3, num_return_sequences=2, cache_implementation="static"),
 }
 
 
@@ -183,6 +188,23 @@ def test_generate_returns_the_exact_states_of_the_returned_sequences(name: str) 
     full_mask = torch.cat([mask.repeat_interleave(expand, 0), torch.ones(rows, length - prompt.shape[1], dtype=mask.dtype)], 1)
     torch.testing.assert_close(out.recurrent_states, exact_states(model, out.sequences, attention_mask=full_mask),
                                rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("cache_implementation", [None, "static"])
+def test_greedy_states_are_read_from_the_decoding_cache(cache_implementation: str | None, monkeypatch) -> None:
+    """After an exact prefill, the states come from the cache the decoding filled: no second cache is built. A
+    static cache has room for the last token's step when decoding stops early (here at an EOS)."""
+    model = tiny_model(dtype=torch.float64)
+    prompt = random_ids(1, 6)
+    first = model.generate(prompt, max_new_tokens=1, do_sample=False)[0, -1].item()
+    built = []
+    original = T2MLRCache.__init__
+    monkeypatch.setattr(T2MLRCache, "__init__", lambda self, *a, **k: built.append(1) or original(self, *a, **k))
+    out = model.generate(prompt, max_new_tokens=4, do_sample=False, eos_token_id=first, return_dict_in_generate=True,
+                         output_recurrent_states=True, cache_implementation=cache_implementation)
+    assert out.sequences.shape[1] == 7  # stopped at the EOS
+    assert len(built) == (1 if cache_implementation is None else 0)  # the decoding's own growing cache only
+    torch.testing.assert_close(out.recurrent_states, exact_states(model, out.sequences), rtol=0, atol=1e-9)
 
 
 def test_generate_states_need_the_dict_output() -> None:

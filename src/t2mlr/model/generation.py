@@ -94,8 +94,9 @@ class T2MLRGenerationMixin(GenerationMixin):
         (sequences, prompt + generated, hidden): the exact R after every token of every returned
         sequence, e.g. for replaying a rollout on the Jacobi path (`initial_states=`). After an exact
         prefill, greedy decoding and sampling read them from the cache the decoding filled (plus one step
-        for the last token); beam search and a Jacobi prefill (whose prompt states are approximate)
-        recompute them on the exact path.
+        for the last token; a static cache has room for it only when decoding stopped before max_new_tokens);
+        beam search and a Jacobi prefill (whose prompt states are approximate) recompute them on the exact
+        path.
         """
         kwargs.update(prefill_kwargs(prefill, prefill_depth, prefill_tol, self.config.d_forward))
         if not output_recurrent_states:
@@ -134,11 +135,13 @@ class T2MLRGenerationMixin(GenerationMixin):
         beams = (kwargs.get("num_beams") or config.num_beams or 1) > 1
         exact_prompt = self.config.forward_path(False, kwargs.get("recurrence")).recurrence == "exact"
         with torch.no_grad():
-            reusable = isinstance(cache, T2MLRCache) and cache.get_seq_length() == length - 1
+            reusable = isinstance(cache, (T2MLRCache, T2MLRStaticCache)) and int(cache.get_seq_length()) == length - 1
+            if isinstance(cache, T2MLRStaticCache):  # generate() sizes it without room for the last token
+                reusable = reusable and cache.max_cache_len >= length
             if reusable and exact_prompt and not beams:
                 self(sequences[:, -1:], attention_mask=full_mask, past_key_values=cache, use_cache=True,
                      recurrence="exact")
-                return cache.recurrent_states
+                return cache.recurrent_states.clone()  # a static cache's are a view of its buffer
             fresh = T2MLRCache(config=self.config.base_config)
             self(sequences, attention_mask=full_mask, past_key_values=fresh, use_cache=True, recurrence="exact")
             return fresh.recurrent_states
