@@ -8,6 +8,8 @@ import json
 import math
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 import torch.nn.functional as F
@@ -364,3 +366,30 @@ def test_calibration_loop_runs_and_line_tokens_are_one_symbol(capsys):
     assert tokenizer.convert_ids_to_tokens(tokenizer("a=5\nb=a\nb=___")["input_ids"]) == ["a=5", "\n", "b=a", "\n", "b=___"]
     plain = build_task_tokenizer(["a=5\nb=___"], script.task_phrases(line_tokens=False))
     assert plain.convert_ids_to_tokens(plain("a=5\nb=___")["input_ids"]) == ["a", "=", "5", "\n", "b", "=___"]
+
+
+def _write_parquet(rows: list[dict], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), path)
+
+
+def test_data_in_parquet_and_hub_snapshot_layouts_load_like_jsonl(tmp_path: Path) -> None:
+    """GSM-Aug as the hub serves it (parquet shards under data/) gives the records its JSON-lines copy gives."""
+    jsonl = _gsm_file(tmp_path / "gsm.jsonl", 30)
+    rows = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    reference = load_task_data("gsm-aug", {}, 0, 5, 0, data=str(jsonl), variant="symbolic")
+    _write_parquet(rows, tmp_path / "gsm.parquet")
+    assert load_task_data("gsm-aug", {}, 0, 5, 0, data=str(tmp_path / "gsm.parquet"), variant="symbolic") == reference
+
+    write_jsonl(rows[:20], tmp_path / "split" / "train.jsonl")
+    write_jsonl(rows[20:], tmp_path / "split" / "test.jsonl")
+    by_split = load_task_data("gsm-aug", {}, 0, 5, 0, data=str(tmp_path / "split"), variant="symbolic")
+    _write_parquet(rows[:12], tmp_path / "hub" / "data" / "train-00000-of-00002.parquet")
+    _write_parquet(rows[12:20], tmp_path / "hub" / "data" / "train-00001-of-00002.parquet")
+    _write_parquet(rows[20:], tmp_path / "hub" / "data" / "test-00000-of-00001.parquet")
+    assert load_task_data("gsm-aug", {}, 0, 5, 0, data=str(tmp_path / "hub"), variant="symbolic") == by_split
+    assert len(by_split[0]) == 20 and len(by_split[1]) == 5
+
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="must hold train and test"):
+        load_task_data("gsm-aug", {}, 0, 5, 0, data=str(tmp_path / "empty"), variant="symbolic")

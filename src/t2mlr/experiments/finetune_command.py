@@ -124,8 +124,9 @@ def _add_finetune(sub: Any) -> None:
                    help="comma-separated arms, e.g. t2mlr:13-18,t2mlr:1-30,transformer,looped:9-22:3,pause:2 "
                         "(default: the preset's)")
     p.add_argument("--data", default=None,
-                   help="gsm-aug: a .jsonl file, a directory with train.jsonl and test.jsonl, or the hub set "
-                        "(whynlp/gsm8k-aug, whynlp/gsm8k-aug-nl); hotpotqa: a .jsonl file or such a directory")
+                   help="gsm-aug: a .jsonl/.parquet file, a directory with train and test splits (.jsonl, "
+                        ".parquet, or a hub snapshot's data/*.parquet), or the hub set (whynlp/gsm8k-aug, "
+                        "whynlp/gsm8k-aug-nl); hotpotqa: such a file or directory")
     p.add_argument("--variant", choices=("symbolic", "nl"), default=None, help="gsm-aug variant (default: symbolic)")
     p.add_argument("--from", dest="from_", nargs="+", default=None, metavar="DIR_OR_ARM=DIR",
                    help="start each arm from its own checkpoint (see above)")

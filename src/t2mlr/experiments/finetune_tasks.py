@@ -14,7 +14,8 @@ continuation: the answer or chain of thought) and ``answer`` (the gold answer), 
   HotpotQA's normalisation; token F1 is reported too.
 
 Held-out evaluation: generated tasks draw training and evaluation from separate seeded streams; a data
-directory gives ``train.jsonl`` and ``test.jsonl`` (or ``eval.jsonl``); a single file is split, its last
+directory gives ``train`` and ``test`` (or ``eval``) splits, each ``.jsonl`` or ``.parquet`` or, as in a
+downloaded hub snapshot, ``data/train-*.parquet`` shards; a single file (either format) is split, its last
 ``eval_size`` distinct questions held out. Evaluation records whose prompt also occurs in training are
 dropped in every case, so no evaluation problem is ever trained on.
 """
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from t2mlr.tasks.jsonl import read_jsonl
+from t2mlr.tasks.jsonl import read_records
 from t2mlr.tasks.loaders import GSM_AUG_HUB, load_gsm_aug, normalise_cot_record
 from t2mlr.tasks.prosqa import check_answer, check_path, generate_prosqa_hard
 from t2mlr.tasks.scoring import (
@@ -138,17 +139,30 @@ def _generated(task: str, settings: Mapping[str, Any], size: int, seed: int, str
     return [{k: r[k] for k in ("prompt", "target", "answer", *PROSQA_FIELDS)} for r in rows]
 
 
+def _split_rows(directory: Path, split: str) -> list[dict[str, Any]] | None:
+    """A data directory's rows of one split: `split.jsonl` or `split.parquet`, or the shards a hub snapshot
+    keeps under `data/` (`data/split-00000-of-00002.parquet`, ...), in name order; None when there is none."""
+    for name in (f"{split}.jsonl", f"{split}.parquet"):
+        if (directory / name).is_file():
+            return read_records(directory / name)
+    shards = sorted((directory / "data").glob(f"{split}-*.parquet"))
+    return [row for shard in shards for row in read_records(shard)] if shards else None
+
+
 def _split_file(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
-    """Raw train and test records of a data directory (train.jsonl + test.jsonl/eval.jsonl) or one file."""
+    """Raw train and test records of a data directory (train + test or eval splits, JSON lines or parquet)
+    or of one file."""
     if path.is_dir():
-        train = path / "train.jsonl"
-        test = next((path / n for n in ("test.jsonl", "eval.jsonl") if (path / n).is_file()), None)
-        if not train.is_file() or test is None:
-            raise ValueError(f"data directory {path} must hold train.jsonl and test.jsonl (or eval.jsonl)")
-        return read_jsonl(train), read_jsonl(test)
+        train = _split_rows(path, "train")
+        test = next((rows for split in ("test", "eval") if (rows := _split_rows(path, split)) is not None), None)
+        if train is None or test is None:
+            raise ValueError(f"data directory {path} must hold train and test (or eval) splits: train.jsonl and "
+                             "test.jsonl, the same as .parquet, or a hub snapshot's data/train-*.parquet and "
+                             "data/test-*.parquet")
+        return train, test
     if not path.is_file():
         raise ValueError(f"data {str(path)!r} is neither a local file or directory nor a published hub set")
-    return read_jsonl(path), None
+    return read_records(path), None
 
 
 def _normalised(records: list[dict[str, Any]], source: str) -> list[dict[str, str]]:
@@ -157,7 +171,7 @@ def _normalised(records: list[dict[str, Any]], source: str) -> list[dict[str, st
 
 def _from_data(task: str, data: str | None, variant: str | None, eval_size: int) -> tuple[list, list]:
     if data is None:
-        raise ValueError(f"task {task} needs --data (a local .jsonl file or directory"
+        raise ValueError(f"task {task} needs --data (a local .jsonl/.parquet file or directory"
                          + (f", or the hub set {GSM_AUG_HUB[variant or 'symbolic']}" if task == "gsm-aug" else "") + ")")
     if task == "gsm-aug" and data in GSM_AUG_HUB.values() and not Path(data).exists():
         if data != GSM_AUG_HUB[variant or "symbolic"]:

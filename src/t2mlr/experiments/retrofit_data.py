@@ -17,7 +17,6 @@ Three sources give such records:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ from t2mlr.tasks.arithmetic import (
     arithmetic_cot_records,
     plain_prompt,
 )
-from t2mlr.tasks.jsonl import read_jsonl
+from t2mlr.tasks.jsonl import read_jsonl, read_records
 from t2mlr.tasks.sft import sft_row
 
 __all__ = [
@@ -55,19 +54,6 @@ def arithmetic_records(num: int, split: str, seed: int, settings: ArithmeticSett
     return [{**r, "prompt": format_prompt(r["prompt"].strip())} for r in records]
 
 
-def _table_rows(path: Path) -> list[dict[str, Any]]:
-    """Rows of a local .jsonl or .parquet file (the formats the published datasets come in)."""
-    if not path.is_file():
-        raise FileNotFoundError(f"data file not found: {path}")
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        return pq.read_table(path).to_pylist()
-    if path.suffix not in (".jsonl", ".json"):
-        raise ValueError(f"{path}: expected a .jsonl or .parquet file")
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
 def _require_columns(row: dict[str, Any], columns: Sequence[str], path: Path, index: int) -> None:
     missing = [c for c in columns if c not in row]
     if missing:
@@ -78,7 +64,7 @@ def openmathreasoning_records(path: str | Path, limit: int | None = None) -> lis
     """OpenMathReasoning rows → records: the solution is the target, the expected answer is appended
     after ``####`` so training and scoring read the answer in one place."""
     path, records = Path(path), []
-    for i, row in enumerate(_table_rows(path)[:limit]):
+    for i, row in enumerate(read_records(path)[:limit]):
         _require_columns(row, ("problem", "generated_solution", "expected_answer"), path, i)
         answer = str(row["expected_answer"]).strip()
         target = f"{str(row['generated_solution']).strip()}\n#### {answer}"
@@ -89,7 +75,7 @@ def openmathreasoning_records(path: str | Path, limit: int | None = None) -> lis
 def gsm8k_records(path: str | Path, limit: int | None = None) -> list[dict[str, str]]:
     """GSM8K rows → records (the answer is the number after the solution's ``####``)."""
     path, records = Path(path), []
-    for i, row in enumerate(_table_rows(path)[:limit]):
+    for i, row in enumerate(read_records(path)[:limit]):
         _require_columns(row, ("question", "answer"), path, i)
         solution = str(row["answer"])
         if "####" not in solution:

@@ -1,4 +1,5 @@
-"""Plain JSON-lines reading and writing shared by every task generator."""
+"""JSON-lines reading and writing shared by every task generator, and reading the local copies of published
+datasets (JSON lines or parquet, the forms the hub serves them in)."""
 
 from __future__ import annotations
 
@@ -37,3 +38,15 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
                 raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}")
             records.append(record)
     return records
+
+
+def read_records(path: str | Path) -> list[dict[str, Any]]:
+    """Rows of a local dataset file: parquet (`.parquet`) or JSON lines (any other name), as dicts."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"data file not found: {path}")
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq  # imported here: only parquet files need it
+
+        return pq.read_table(path).to_pylist()
+    return read_jsonl(path)

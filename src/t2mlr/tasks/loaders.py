@@ -1,10 +1,10 @@
 """Loaders for the chain-of-thought finetuning sets, normalised to ``{prompt, target, answer}``.
 
-* GSM-Aug (Deng et al. 2023): a local JSON-lines file when ``path`` is given, otherwise the
+* GSM-Aug (Deng et al. 2023): a local JSON-lines or parquet file when ``path`` is given, otherwise the
   Hugging Face hub (``whynlp/gsm8k-aug`` for the symbolic variant, ``whynlp/gsm8k-aug-nl`` for
   natural language). Records need ``question`` (str), ``steps`` (list[str] or str) and
   ``answer`` (str or number).
-* HotpotQA CoT: a local JSON-lines file (the authors generated it with a teacher model; it is
+* HotpotQA CoT: a local JSON-lines or parquet file (the authors generated it with a teacher model; it is
   not on the hub). Records need ``question``, ``steps``, ``answer``; ``context`` (str, or a list
   of str shown as "Document i: …" lines) is optional.
 
@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from t2mlr.tasks.jsonl import read_jsonl
+from t2mlr.tasks.jsonl import read_records
 
 __all__ = ["GSM_AUG_HUB", "DataUnavailableError", "load_gsm_aug", "load_hotpotqa_cot", "normalise_cot_record"]
 
@@ -75,7 +75,7 @@ def _local_records(path: str | Path) -> list[dict[str, Any]]:
     path = Path(path)
     if not path.is_file():
         raise DataUnavailableError(f"local data file not found: {path}")
-    return read_jsonl(path)
+    return read_records(path)
 
 
 def _hub_records(name: str, split: str) -> list[dict[str, Any]]:
@@ -95,7 +95,7 @@ def _hub_records(name: str, split: str) -> list[dict[str, Any]]:
 def load_gsm_aug(
     path: str | Path | None = None, split: str = "train", variant: str = "symbolic", limit: int | None = None
 ) -> list[dict[str, str]]:
-    """GSM-Aug records, from ``path`` (JSON lines) if given, else from the hub."""
+    """GSM-Aug records, from ``path`` (JSON lines or parquet) if given, else from the hub."""
     if variant not in GSM_AUG_HUB:
         raise ValueError(f"variant must be one of {sorted(GSM_AUG_HUB)}, got {variant!r}")
     if path is not None:
@@ -105,5 +105,5 @@ def load_gsm_aug(
 
 
 def load_hotpotqa_cot(path: str | Path, limit: int | None = None) -> list[dict[str, str]]:
-    """HotpotQA chain-of-thought records from a local JSON-lines file."""
+    """HotpotQA chain-of-thought records from a local JSON-lines or parquet file."""
     return _normalise_all(_local_records(path), str(path), limit)
