@@ -91,12 +91,19 @@ def test_reset_empties_r_and_the_cache_decodes_afresh() -> None:
     torch.testing.assert_close(again, first, rtol=0, atol=0)
 
 
-def test_static_cache_refuses_what_it_cannot_do() -> None:
+def prefilled_static_cache(max_cache_len: int):
+    """A tiny model and a static cache holding its left-padded prompt (batch 3, 7 tokens)."""
     model = tiny_model()
     ids, mask = left_padded_prompt()
-    cache = T2MLRStaticCache(model.config, max_cache_len=8)
+    cache = T2MLRStaticCache(model.config, max_cache_len=max_cache_len)
     with torch.no_grad():
         model(ids, attention_mask=mask, past_key_values=cache, use_cache=True)
+    return model, ids, mask, cache
+
+
+def test_static_cache_refuses_what_it_cannot_do() -> None:
+    model, ids, mask, cache = prefilled_static_cache(8)
+    with torch.no_grad():
         with pytest.raises(ValueError, match="static cache holds 8"):
             model(random_ids(3, 2), attention_mask=torch.ones(3, 9, dtype=torch.long), past_key_values=cache,
                   use_cache=True)
@@ -126,11 +133,8 @@ HOST_READS = ("tolist", "item", "__int__", "__index__", "__bool__", "__float__")
 def test_an_eager_static_step_reads_the_device_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every check of a decode step (value ranges, room in the cache, one R per cached key) shares one host
     read: each read stalls a GPU step. Counted by wrapping the Tensor methods that copy a value to the host."""
-    model = tiny_model()
-    ids, mask = left_padded_prompt()
-    cache = T2MLRStaticCache(model.config, max_cache_len=12)
+    model, ids, mask, cache = prefilled_static_cache(12)
     with torch.no_grad():
-        model(ids, attention_mask=mask, past_key_values=cache, use_cache=True)
         reads: list[str] = []
         for name in HOST_READS:
             method = getattr(torch.Tensor, name)
@@ -143,11 +147,8 @@ def test_an_eager_static_step_reads_the_device_once(monkeypatch: pytest.MonkeyPa
 
 
 def test_a_growing_mask_must_cover_the_cached_tokens() -> None:
-    model = tiny_model()
-    ids, mask = left_padded_prompt()
-    cache = T2MLRStaticCache(model.config, max_cache_len=12)
+    model, ids, mask, cache = prefilled_static_cache(12)
     with torch.no_grad():
-        model(ids, attention_mask=mask, past_key_values=cache, use_cache=True)
         with pytest.raises(ValueError, match=r"past \+ seq\) = \(3, 8\), got \(3, 9\)"):
             model(random_ids(3, 1), attention_mask=torch.ones(3, 9, dtype=torch.long), past_key_values=cache,
                   use_cache=True)
