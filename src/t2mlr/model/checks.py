@@ -104,7 +104,7 @@ def checked_chunk(
     batch, length, device = chunk_shape(input_ids, inputs_embeds, hidden_size)
     check_labels_shape(labels, batch, length)
     past = cached_length(cache)
-    static = isinstance(cache, T2MLRStaticCache)
+    static, given_width = isinstance(cache, T2MLRStaticCache), None
     if static:
         attention_mask, given_width = static_attention_mask(attention_mask, batch, cache)
     else:
