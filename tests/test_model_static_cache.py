@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import random_ids, tiny_model
+from transformers import LlamaForCausalLM
 
 from t2mlr import T2MLRCache, T2MLRStaticCache
 
@@ -21,8 +22,8 @@ def left_padded_prompt(batch: int = 3, length: int = 7) -> tuple[torch.Tensor, t
     return ids, mask
 
 
-def greedy(model, ids: torch.Tensor, mask: torch.Tensor, **kwargs):
-    return model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0,
+def greedy(model, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int = 6, **kwargs):
+    return model.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0,
                           eos_token_id=None, return_dict_in_generate=True, output_logits=True, **kwargs)
 
 
@@ -155,3 +156,20 @@ def test_a_growing_mask_must_cover_the_cached_tokens() -> None:
         with pytest.raises(ValueError, match="batch 3"):
             model(random_ids(3, 1), attention_mask=torch.ones(2, 8, dtype=torch.long), past_key_values=cache,
                   use_cache=True)
+
+
+def test_generate_sizes_static_caches_as_transformers_does() -> None:
+    """A later, shorter generation reuses the earlier width (no new trace of a compiled step), as a plain
+    transformers model's StaticCache does, and still decodes what the growing cache decodes."""
+    model = tiny_model()
+    plain = LlamaForCausalLM(model.config.base_config).to(torch.float64).eval()
+    ids, mask = left_padded_prompt()
+    widths = []
+    for new_tokens in (6, 2):
+        ours = greedy(model, ids, mask, cache_implementation="static", max_new_tokens=new_tokens)
+        theirs = plain.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
+                                eos_token_id=None, cache_implementation="static", return_dict_in_generate=True)
+        widths.append((ours.past_key_values.get_max_length(), theirs.past_key_values.get_max_length()))
+        reference = greedy(model, ids, mask, max_new_tokens=new_tokens)
+        assert torch.equal(ours.sequences, reference.sequences)
+    assert widths[1] == widths[0] and widths[0][0] == widths[0][1]

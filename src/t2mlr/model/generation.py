@@ -40,8 +40,12 @@ class T2MLRGenerationMixin(GenerationMixin):
 
     def _prepare_static_cache(self, cache_implementation: str, batch_size: int, max_cache_len: int, *args: Any,
                               **kwargs: Any) -> T2MLRStaticCache:
-        """The static cache generate() builds for cache_implementation="static": R preallocated with the keys."""
-        return T2MLRStaticCache(self.config.base_config, max_cache_len=max_cache_len)
+        """The static cache generate() builds for cache_implementation="static": R preallocated with the keys.
+        Sized as transformers sizes its own: never shorter than an earlier call's, so that a compiled step is not
+        traced again for a shorter generation (and T²MLR and a plain model decode over equal widths)."""
+        length = max(max_cache_len, getattr(self, "_previous_max_cache_length", -1))
+        self._previous_max_cache_length = length
+        return T2MLRStaticCache(self.config.base_config, max_cache_len=length)
 
     def create_masks_for_generate(self, attention_mask: torch.Tensor | None, past_key_values: Any,
                                   **kwargs: Any) -> torch.Tensor | None:
