@@ -26,7 +26,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from t2mlr.experiments.finetune_data import build_task_tokenizer, encode_sft
 from t2mlr.tasks.variable_assignment import HEADER, generate_variable_assignment
-from t2mlr.utils import IGNORE_INDEX
+from t2mlr.training.data import Collator
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -56,18 +56,6 @@ def task_phrases(line_tokens: bool) -> list[str]:
         return [HEADER, "=___", "Answer: |"]
     letters, values = string.ascii_lowercase, string.ascii_lowercase + string.digits
     return [HEADER, "Answer: |", *(f"{x}=___" for x in letters), *(f"{x}={y}" for x in letters for y in values)]
-
-
-def right_padded(rows: list[dict[str, torch.Tensor]], pad_id: int) -> tuple[torch.Tensor, ...]:
-    """input_ids, labels and attention mask of a batch of SFT rows, padded on the right."""
-    width = max(r["input_ids"].numel() for r in rows)
-    ids = torch.full((len(rows), width), pad_id)
-    labels = torch.full((len(rows), width), IGNORE_INDEX)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        n = row["input_ids"].numel()
-        ids[i, :n], labels[i, :n], mask[i, :n] = row["input_ids"], row["labels"], 1
-    return ids, labels, mask
 
 
 @torch.no_grad()
@@ -105,10 +93,10 @@ def main(argv: list[str] | None = None) -> None:
         return min(1.0, (step + 1) / args.warmup) * (0.05 + 0.475 * (1 + math.cos(math.pi * step / args.steps)))
 
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+    collate = Collator(pad_token_id=tokenizer.pad_token_id)  # right padding: pad id, label -100, mask 0
     rng, start = random.Random(args.seed), time.time()
     for step in range(1, args.steps + 1):
-        ids, labels, mask = right_padded([rng.choice(train_rows) for _ in range(args.batch)], tokenizer.pad_token_id)
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss = model(**collate([rng.choice(train_rows) for _ in range(args.batch)])).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
