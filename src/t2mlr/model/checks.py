@@ -104,16 +104,16 @@ def checked_chunk(
     batch, length, device = chunk_shape(input_ids, inputs_embeds, hidden_size)
     check_labels_shape(labels, batch, length)
     past = cached_length(cache)
-    static, given_width = isinstance(cache, T2MLRStaticCache), None
+    static, growing_mask = isinstance(cache, T2MLRStaticCache), None
     if static:
-        attention_mask, given_width = static_attention_mask(attention_mask, batch, cache)
+        attention_mask, growing_mask = static_attention_mask(attention_mask, batch, cache)
     else:
         attention_mask = checked_attention_mask(attention_mask, batch, past + length)
     layout = token_layout(attention_mask, position_ids, document_ids, past, batch, length, device)
     counts = (torch.as_tensor(past), cache.state_count) if static else ()
     read = check_value_ranges(input_ids, labels, layout.position_ids, vocab_size, max_positions, counts)
     if read:
-        check_static_lengths(cache, *read, batch, length, given_width, reads_states)
+        check_static_lengths(cache, *read, batch, length, growing_mask, reads_states)
     return layout, attention_mask
 
 
@@ -152,22 +152,22 @@ def cached_length(cache: T2MLRCache | T2MLRStaticCache | None) -> int | torch.Te
 
 def static_attention_mask(
     mask: torch.Tensor | None, batch: int, cache: T2MLRStaticCache
-) -> tuple[torch.Tensor | None, int | None]:
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """A static cache's 2D mask, (batch, max_cache_len): given so (the fixed shape a compiled step needs),
-    or given as (batch, past + seq) and padded with zeros for the free positions. Returns the mask and the
-    width it was given with (None when fixed), which `check_static_lengths` matches to the cache's
-    length once that has been read; nothing here reads the device."""
+    or given as (batch, past + seq) and padded with zeros for the free positions. Returns that mask and the
+    growing one as given (None when fixed), which `check_static_lengths` checks against the cache's length
+    once that has been read; nothing here reads the device."""
     if mask is None or (mask.dim() == 2 and tuple(mask.shape) == (batch, cache.max_cache_len)):
         return mask, None
     if mask.dim() != 2 or mask.shape[0] != batch:
         raise ValueError(f"attention_mask must be 2D (batch, past + seq) with batch {batch}, got {tuple(mask.shape)}")
     if mask.shape[1] > cache.max_cache_len:
         raise ValueError(f"the chunk ends at token {mask.shape[1]} but the static cache holds {cache.max_cache_len}")
-    return cache.padded_mask(mask), mask.shape[1]
+    return cache.padded_mask(mask), mask
 
 
 def check_static_lengths(
-    cache: T2MLRStaticCache, past: int, states: int, batch: int, length: int, given_width: int | None,
+    cache: T2MLRStaticCache, past: int, states: int, batch: int, length: int, growing_mask: torch.Tensor | None,
     reads_states: bool,
 ) -> None:
     """The checks a static cache's lengths need (read with the value ranges, in eager mode only): the chunk
@@ -175,8 +175,7 @@ def check_static_lengths(
     total = past + length
     if total > cache.max_cache_len:
         raise ValueError(f"the chunk ends at token {total} but the static cache holds {cache.max_cache_len}")
-    if given_width is not None and given_width != total:
-        raise ValueError(f"attention_mask must be 2D (batch, past + seq) = ({batch}, {total}), got ({batch}, {given_width})")
+    checked_attention_mask(growing_mask, batch, total)
     if reads_states and states != past:
         raise ValueError(KEYS_WITHOUT_STATES.format(past=past, have=states))
 
