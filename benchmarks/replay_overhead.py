@@ -152,8 +152,9 @@ def time_placement(l_start: int, l_end: int, args: argparse.Namespace) -> dict[s
     ids = torch.randint(0, model.config.vocab_size, (args.batch, args.seq), generator=torch.Generator().manual_seed(1))
     states = exact_states(model, input_ids=ids)
     depth = args.replay_depth
+    plain = model.base_decoder()
     variants = {
-        "plain": step_function(model, optimizer, lambda: model.base(ids, labels=ids)),
+        "plain": step_function(model, optimizer, lambda: plain(ids, labels=ids)),
         "replay": step_function(model, optimizer, lambda: model(ids, labels=ids, recurrence="jacobi", initial_states=states,
                                                                  d_backward=depth, exact_states=True)),
         "iterated": step_function(model, optimizer, lambda: model(ids, labels=ids, recurrence="jacobi", initial_states=states,

@@ -47,11 +47,9 @@ def measure_memory_child(source: str, mode: str, l_start: int, l_end: int) -> di
     if mode == "retrofit":
         pointers = {name: p.data_ptr() for name, p in base.named_parameters()}
         model = T2MLRForCausalLM.from_base(base, l_start, l_end)
-        report["shares_base_object"] = model.base is base
-        report["shares_weight_storage"] = all(
-            p.data_ptr() == pointers[name.removeprefix("base.")]
-            for name, p in model.named_parameters() if name.startswith("base.")
-        )
+        report["shares_base_object"] = model.model.layers is base.model.layers and model.lm_head is base.lm_head
+        own = dict(model.named_parameters())  # the base's parameters keep their names in the retrofit
+        report["shares_weight_storage"] = all(own[name].data_ptr() == pointer for name, pointer in pointers.items())
     else:
         model = base
     with torch.no_grad():  # touch every weight: safetensors maps the file lazily, so a bare load looks small

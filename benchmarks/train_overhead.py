@@ -142,9 +142,9 @@ def build_variant(name: str, args: argparse.Namespace, device: torch.device) -> 
     torch.manual_seed(0)
     model = T2MLRForCausalLM.from_pretrained(args.checkpoint) if args.checkpoint else random_t2mlr(args)
     if name == "transformer":
-        model, kwargs = model.base, {}
+        model, kwargs = model.base_decoder(), {}
     else:
-        model.set_middle_checkpointing(args.activation_checkpointing)
+        model.model.set_middle_checkpointing(args.activation_checkpointing)
         kwargs = {"recurrence": "jacobi", "jacobi_tol": args.tol if name == "t2mlr-tol" else None,
                   "d_forward": args.d_forward, "d_backward": args.d_backward}
     model.to(device).train()

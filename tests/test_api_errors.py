@@ -126,7 +126,7 @@ def _phi(model: T2MLRForCausalLM, h: torch.Tensor, r: torch.Tensor) -> torch.Ten
 def _reference_logits(model: T2MLRForCausalLM, ids: torch.Tensor) -> torch.Tensor:
     """T²MLR by its definition, without caches: token t's middle-block input is Φ(h_t, R_{t-1}) and the
     middle block is rerun causally over the fused inputs of tokens 0..t (O(T²), fine for 6 tokens)."""
-    decoder, config = model.base.model, model.config
+    decoder, config = model.model, model.config
     length = ids.shape[1]
     positions = torch.arange(length)[None]
     hidden = decoder.embed_tokens(ids)
@@ -145,10 +145,10 @@ def _reference_logits(model: T2MLRForCausalLM, ids: torch.Tensor) -> torch.Tenso
     for t in range(length):
         fused.append(_phi(model, low[:, t], r))
         out = blocks(range(config.l_start - 1, config.l_end), torch.stack(fused, dim=1))[:, -1]
-        r = _rms_norm(out + r, model.cache_norm.weight, model.cache_norm.eps)
+        r = _rms_norm(out + r, model.model.cache_norm.weight, model.model.cache_norm.eps)
         outputs.append(out)
     top = blocks(range(config.l_end, config.num_layers), torch.stack(outputs, dim=1))
-    return model.base.lm_head(decoder.norm(top))
+    return model.lm_head(decoder.norm(top))
 
 
 def _float64_model() -> T2MLRForCausalLM:
@@ -163,7 +163,7 @@ def test_double_makes_every_parameter_float64_including_the_gates() -> None:
     assert model.fusion.gamma_cur.dtype == model.fusion.gamma_rec.dtype == torch.float64
     low = T2MLRForCausalLM(T2MLRConfig.from_base(tiny_base_config(), l_start=2, l_end=4)).to(torch.bfloat16)
     assert low.fusion.gamma_cur.dtype == low.fusion.gamma_rec.dtype == torch.float32  # only 16-bit casts keep them wider
-    assert low.base.model.embed_tokens.weight.dtype == torch.bfloat16
+    assert low.model.embed_tokens.weight.dtype == torch.bfloat16
 
 
 def test_float64_logits_match_a_hand_written_float64_t2mlr() -> None:
@@ -174,11 +174,11 @@ def test_float64_logits_match_a_hand_written_float64_t2mlr() -> None:
         closed.fusion.gamma_cur.zero_()
         closed.fusion.gamma_rec.zero_()
         # the reference's plumbing (blocks, rotary, causal attention) reproduces the base model itself
-        torch.testing.assert_close(_reference_logits(closed, ids), closed.base(ids).logits, rtol=0, atol=1e-12)
+        torch.testing.assert_close(_reference_logits(closed, ids), closed.base_decoder()(ids).logits, rtol=0, atol=1e-12)
         reference = _reference_logits(model, ids)
         exact = model(ids, recurrence="exact").logits
         jacobi = model(ids, recurrence="jacobi", d_forward=ids.shape[1] + 1, d_backward=1).logits
     assert exact.dtype == jacobi.dtype == torch.float64
-    assert (reference - model.base(ids).logits).abs().max() > 1e-2  # the open gates matter
+    assert (reference - model.base_decoder()(ids).logits).abs().max() > 1e-2  # the open gates matter
     torch.testing.assert_close(exact, reference, rtol=0, atol=1e-10)
     torch.testing.assert_close(jacobi, reference, rtol=0, atol=1e-10)

@@ -166,4 +166,4 @@ def test_matched_hidden_size_keeps_heads_and_reaches_the_parameter_count() -> No
     assert widened.num_attention_heads == base_config.num_attention_heads
     assert head_dim_of(widened) == head_dim_of(base_config) == 8
     assert parameter_count_of_config(widened) >= target > parameter_count_of_config(widened_config(base_config, hidden - 1))
-    assert count_parameters(model.base) == parameter_count_of_config(base_config)
+    assert count_parameters(model.base_decoder()) == parameter_count_of_config(base_config)

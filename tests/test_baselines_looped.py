@@ -155,7 +155,7 @@ def test_save_and_load_through_auto_model(tmp_path, tied: bool) -> None:
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "looped", dtype=torch.float64).eval()
     assert isinstance(loaded, LoopedForCausalLM)
     assert (loaded.config.loop_start, loaded.config.loop_end, loaded.config.loops) == (2, 4, 3)
-    assert (loaded.base.lm_head.weight is loaded.base.model.embed_tokens.weight) == tied
+    assert (loaded.lm_head.weight is loaded.model.embed_tokens.weight) == tied
     ids = random_ids(2, 6)
     with torch.no_grad():
         assert torch.equal(loaded(input_ids=ids).logits, model(input_ids=ids).logits)
@@ -170,7 +170,7 @@ def test_training_loss_is_the_causal_lm_loss_and_reaches_every_block() -> None:
     expected = torch.nn.functional.cross_entropy(out.logits[:, :-1].reshape(-1, VOCAB), labels[:, 1:].reshape(-1))
     torch.testing.assert_close(out.loss, expected.to(out.loss.dtype))
     out.loss.backward()
-    assert all(layer.mlp.down_proj.weight.grad.abs().sum() > 0 for layer in model.layers)
+    assert all(layer.mlp.down_proj.weight.grad.abs().sum() > 0 for layer in model.model.layers)
 
 
 @pytest.fixture(scope="module")

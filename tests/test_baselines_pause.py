@@ -30,21 +30,21 @@ def base_model(family: str = "llama", seed: int = 0, **overrides) -> torch.nn.Mo
 def pause_model(pauses: int = 1, family: str = "llama", **overrides) -> PauseForCausalLM:
     model = PauseForCausalLM.from_base(base_model(family, **overrides), pauses).eval()
     with torch.no_grad():
-        model.pause_embeddings.weight.normal_(0.0, 1.0, generator=torch.Generator().manual_seed(5))
+        model.model.pause_embeddings.weight.normal_(0.0, 1.0, generator=torch.Generator().manual_seed(5))
     return model
 
 
 def base_logits_on_interleaved(model: PauseForCausalLM, ids: torch.Tensor) -> torch.Tensor:
     """Reference: the plain base model run on the interleaved sequence (x1 p.. x2 p.. ...), every position."""
-    extended = model.extended_input_ids(ids)
-    return model.base(inputs_embeds=model.embed_extended_ids(extended)).logits
+    extended = model.model.extended_input_ids(ids)
+    return model.base_decoder()(inputs_embeds=model.model.embed_extended_ids(extended)).logits
 
 
 def test_extended_ids_insert_pauses_after_every_token() -> None:
     model = pause_model(pauses=2)
     ids = torch.tensor([[5, 6, 7]])
     v = VOCAB
-    assert model.extended_input_ids(ids).tolist() == [[5, v, v + 1, 6, v, v + 1, 7, v, v + 1]]
+    assert model.model.extended_input_ids(ids).tolist() == [[5, v, v + 1, 6, v, v + 1, 7, v, v + 1]]
     assert model.config.pause_token_ids == [v, v + 1] and model.config.period == 3
 
 
@@ -57,7 +57,7 @@ def test_logits_are_the_base_model_at_the_last_pause(pauses: int) -> None:
     out = model(input_ids=ids).logits
     assert out.shape == (2, 7, VOCAB)
     torch.testing.assert_close(out, reference[:, pauses :: pauses + 1], rtol=0, atol=1e-12)
-    assert not torch.allclose(out, model.base(input_ids=ids).logits)  # the pauses do change the function
+    assert not torch.allclose(out, model.base_decoder()(input_ids=ids).logits)  # the pauses do change the function
 
 
 @torch.no_grad()
@@ -70,7 +70,7 @@ def test_loss_is_over_real_positions_only() -> None:
     hand = torch.nn.functional.cross_entropy(out.logits[:, :-1].reshape(-1, VOCAB), labels[:, 1:].reshape(-1))
     torch.testing.assert_close(out.loss, hand.to(out.loss.dtype))
     # Goyal et al.'s rule on the interleaved sequence: targets that are pause tokens are not scored
-    extended_labels = model.extended_input_ids(labels.clamp(min=0))
+    extended_labels = model.model.extended_input_ids(labels.clamp(min=0))
     extended_labels[torch.isin(extended_labels, torch.tensor(model.config.pause_token_ids))] = -100
     extended_labels[:, :: model.config.period][labels == -100] = -100
     reference = base_logits_on_interleaved(model, ids)
@@ -94,7 +94,7 @@ def test_outputs_at_unscored_positions_change_nothing() -> None:
         noise = torch.randn(output.shape, generator=generator, dtype=output.dtype) * 100
         return torch.where(unscored[None, :, None], output + noise, output)
 
-    handle = model.layers[-1].register_forward_hook(scramble_unscored)
+    handle = model.model.layers[-1].register_forward_hook(scramble_unscored)
     try:
         after = model(input_ids=ids, labels=ids)
     finally:
@@ -172,8 +172,8 @@ def test_save_and_load_through_auto_model(tmp_path, tied: bool) -> None:
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "pause", dtype=torch.float64).eval()
     assert isinstance(loaded, PauseForCausalLM)
     assert (loaded.config.pauses, loaded.config.pause_token_id) == (2, VOCAB)
-    assert (loaded.base.lm_head.weight is loaded.base.model.embed_tokens.weight) == tied
-    assert torch.equal(loaded.pause_embeddings.weight, model.pause_embeddings.weight)
+    assert (loaded.lm_head.weight is loaded.model.embed_tokens.weight) == tied
+    assert torch.equal(loaded.model.pause_embeddings.weight, model.model.pause_embeddings.weight)
     ids = random_ids(2, 6)
     with torch.no_grad():
         assert torch.equal(loaded(input_ids=ids).logits, model(input_ids=ids).logits)
@@ -183,7 +183,7 @@ def test_training_reaches_the_pause_embeddings() -> None:
     model = pause_model(pauses=1).train()
     ids = random_ids(2, 6)
     model(input_ids=ids, labels=ids).loss.backward()
-    assert model.pause_embeddings.weight.grad.abs().sum() > 0
+    assert model.model.pause_embeddings.weight.grad.abs().sum() > 0
 
 
 def test_matched_pause_at_smollm2_135m() -> None:
@@ -212,7 +212,7 @@ def test_bad_inputs_raise() -> None:
     with pytest.raises(ValueError, match="token ids must lie in"):
         model(input_ids=torch.tensor([[3, VOCAB]]))  # a pause id is not a valid input: pauses are inserted inside
     with pytest.raises(ValueError, match="pause ids"):
-        model.embed_extended_ids(torch.tensor([[3, VOCAB + 1]]))
+        model.model.embed_extended_ids(torch.tensor([[3, VOCAB + 1]]))
     with pytest.raises(ValueError, match="PauseCache"):
         model(input_ids=random_ids(1, 3), past_key_values=PauseCache(pause_model(pauses=2).config))
 

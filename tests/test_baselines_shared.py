@@ -51,12 +51,14 @@ def test_from_base_wraps_without_copying_or_reinitialising(wrap) -> None:
     original = copy.deepcopy(base.state_dict())
     pointers = {name: p.data_ptr() for name, p in base.named_parameters()}
     model = wrap(base)
-    assert model.base is base
-    assert {name: p.data_ptr() for name, p in model.base.named_parameters()} == pointers  # the same storage
-    for name, value in model.base.state_dict().items():
-        assert torch.equal(value, original[name]), name
+    assert model.model.layers is base.model.layers and model.lm_head is base.lm_head  # adopted, not copied
+    own = dict(model.named_parameters())
+    assert {name: own[name].data_ptr() for name in pointers} == pointers  # the same storage, the same names
+    state = model.state_dict()
+    for name, value in original.items():
+        assert torch.equal(state[name], value), name
     if isinstance(model, PauseForCausalLM):  # the one new module is initialised like a token embedding
-        std = float(model.pause_embeddings.weight.detach().std())
+        std = float(model.model.pause_embeddings.weight.detach().std())
         assert 0.5 * base.config.initializer_range < std < 2 * base.config.initializer_range
 
 
@@ -217,8 +219,8 @@ def decoding_cases():
     return [
         (base, lambda: DynamicCache(config=base.config), base.config),
         (recurrent, lambda: T2MLRCache(config=recurrent.config.base_config), recurrent.config),
-        (looped, looped.new_cache, looped.config),
-        (pause, pause.new_cache, pause.config),
+        (looped, looped.model.new_cache, looped.config),
+        (pause, pause.model.new_cache, pause.config),
     ]
 
 

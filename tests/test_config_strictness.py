@@ -47,7 +47,7 @@ def test_model_settings_reach_the_model() -> None:
     cfg = load_config("debug", ["model.cache_residual=false", "model.gate_init_scale=0.5",
                                 "model.recurrence_mask_policy=mask", "model.jacobi_tol=1e-3"])
     model = build_model(cfg.model)
-    assert model.cache_norm is None
+    assert model.model.cache_norm is None
     config = model.config
     assert (config.gate_init_scale, config.recurrence_mask_policy, config.jacobi_tol) == (0.5, "mask", 1e-3)
     assert (config.l_start, config.l_end, config.d_forward, config.d_backward) == (2, 3, 4, 2)
@@ -65,7 +65,7 @@ def test_keyword_arguments_of_from_base_are_checked() -> None:
     with pytest.raises(ValueError, match="Did you mean 'd_forward'"):
         T2MLRConfig.from_base(base, l_start=2, l_end=3, d_foward=4)
     with pytest.raises(ValueError, match="Did you mean 'l_start'"):
-        T2MLRForCausalLM.from_base(tiny_model(gates=False).base, 2, 3, l_stat=5)
+        T2MLRForCausalLM.from_base(tiny_model(gates=False).base_decoder(), 2, 3, l_stat=5)
     with pytest.raises(ValueError, match="Did you mean 'hidden_size'"):
         T2MLRConfig.from_base({"model_type": "llama", "hidden_sizee": 32}, l_start=1, l_end=1)
 

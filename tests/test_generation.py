@@ -71,7 +71,7 @@ def test_greedy_decoding_reproduces_the_exact_forward(gates: bool, prefill: dict
         cached = model(prompt, past_key_values=T2MLRCache(config=model.config), recurrence="exact").logits
     assert (cached - _exact_logits(model, prompt)).abs().max() <= TOL
     if not gates:  # closed gates: T²MLR is its base model, so decoding must be the base model's
-        base = _generate(model.base, prompt, new=8)
+        base = _generate(model.base_decoder(), prompt, new=8)
         assert torch.equal(base.sequences, out.sequences)
         assert (torch.stack(base.logits, 1) - torch.stack(out.logits, 1)).abs().max() <= TOL
 
@@ -208,15 +208,15 @@ def test_a_decode_step_adds_one_host_read_to_the_base_models() -> None:
     """GPU decoding stalls at every host sync; T²MLR's input checks share one (the 1.03× target)."""
     model = tiny_model(dtype=torch.float32)
     prompt, step = random_ids(2, 6), random_ids(2, 1, seed=3)
-    ours, theirs = T2MLRCache(config=model.config), DynamicCache(config=model.base.config)
+    ours, theirs = T2MLRCache(config=model.config), DynamicCache(config=model.config.base_config)
     with torch.no_grad():
         model(prompt, past_key_values=ours, use_cache=True, recurrence="exact")
-        model.base(prompt, past_key_values=theirs, use_cache=True)
+        model.base_decoder()(prompt, past_key_values=theirs, use_cache=True)
         mask = torch.ones(2, 7, dtype=torch.long)
         with count_host_reads() as t2mlr_reads:
             model(step, attention_mask=mask, past_key_values=ours, use_cache=True, recurrence="exact")
         with count_host_reads() as base_reads:
-            model.base(step, attention_mask=mask, past_key_values=theirs, use_cache=True)
+            model.base_decoder()(step, attention_mask=mask, past_key_values=theirs, use_cache=True)
     assert sum(t2mlr_reads.values()) == sum(base_reads.values()) + 1
 
 
@@ -296,7 +296,7 @@ def test_generate_kwargs_pin_the_prefill_path() -> None:
     with pytest.raises(ValueError, match="jacobi only"):
         generate_kwargs(model, GenerationSettings(prefill_tol=1e-3))
     with pytest.raises(ValueError, match="not a T²MLR model"):
-        generate_kwargs(model.base, GenerationSettings(prefill="jacobi"))
+        generate_kwargs(model.base_decoder(), GenerationSettings(prefill="jacobi"))
     with pytest.raises(ValueError, match="jacobi only"):
         generate_kwargs(model, GenerationSettings(prefill_depth=4))
     with pytest.raises(ValueError, match="need --do-sample"):

@@ -74,16 +74,16 @@ def test_recurrence_mask_switches_fusion_off_per_token() -> None:
     ids = random_ids(2, 10)
     with torch.no_grad():
         none = torch.zeros(2, 10, dtype=torch.bool)
-        assert torch.allclose(model(ids, recurrence_mask=none).logits, model.base(ids).logits, atol=1e-10, rtol=0)
+        assert torch.allclose(model(ids, recurrence_mask=none).logits, model.base_decoder()(ids).logits, atol=1e-10, rtol=0)
         every = torch.ones(2, 10, dtype=torch.bool)
-        assert (model(ids, recurrence_mask=every).logits - model.base(ids).logits).abs().max() > 1e-3
+        assert (model(ids, recurrence_mask=every).logits - model.base_decoder()(ids).logits).abs().max() > 1e-3
         partial = torch.arange(10)[None].expand(2, 10) >= 4  # "response tokens only"
         exact = model(ids, recurrence_mask=partial, recurrence="exact").logits
         jacobi = model(ids, recurrence_mask=partial, recurrence="jacobi", d_forward=11, d_backward=1).logits
         assert (exact - jacobi).abs().max() <= 1e-9
         # tokens before the first recurring one are untouched by the recurrence
-        assert torch.allclose(exact[:, :4], model.base(ids).logits[:, :4], atol=1e-10, rtol=0)
-        assert (exact[:, 4:] - model.base(ids).logits[:, 4:]).abs().max() > 1e-3
+        assert torch.allclose(exact[:, :4], model.base_decoder()(ids).logits[:, :4], atol=1e-10, rtol=0)
+        assert (exact[:, 4:] - model.base_decoder()(ids).logits[:, 4:]).abs().max() > 1e-3
 
 
 def test_recurrence_mask_policy_all_matches_all_true_mask() -> None:

@@ -59,7 +59,7 @@ def test_one_pass_backward_equals_the_iterated_replay(float64_rms_norm, rows, de
         torch.testing.assert_close(one_pass[name], grad, rtol=1e-10, atol=1e-10, msg=lambda m, n=name: f"{n}: {m}")
     if depth > 1:  # the depth matters: one iterate's gradient is not this one
         shallow = gradients(model, ids, extra, recurrence="jacobi", initial_states=states, d_backward=1, exact_states=True)
-        assert (shallow["fusion.w_rec.weight"] - one_pass["fusion.w_rec.weight"]).abs().max() > 1e-4
+        assert (shallow["model.fusion.w_rec.weight"] - one_pass["model.fusion.w_rec.weight"]).abs().max() > 1e-4
 
 
 def test_with_the_prompt_recurrence_mask(float64_rms_norm) -> None:
@@ -79,11 +79,11 @@ def test_the_middle_block_runs_once_and_the_forward_is_exact() -> None:
     model = tiny_model(dtype=torch.float64)
     ids, extra, states = padded_rows(model)
     calls = []
-    hooks = [model.layers[i].register_forward_hook(lambda *_: calls.append(1)) for i in model.middle_layer_indices()]
+    hooks = [model.model.layers[i].register_forward_hook(lambda *_: calls.append(1)) for i in model.model.middle_layer_indices()]
     out = model(ids, **extra, recurrence="jacobi", initial_states=states, d_backward=4, exact_states=True)
     for hook in hooks:
         hook.remove()
-    assert len(calls) == len(model.middle_layer_indices())
+    assert len(calls) == len(model.model.middle_layer_indices())
     with torch.no_grad():
         exact = model(ids, **extra, recurrence="exact")
     real = extra["attention_mask"].bool()

@@ -7,9 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import random_ids, tiny_base_config, tiny_model
+from safetensors import safe_open
 from transformers import AutoModelForCausalLM, GPT2Config, LlamaForCausalLM
 
 from t2mlr import T2MLRConfig, T2MLRForCausalLM
+from t2mlr.model.checkpoint_keys import current_key
 
 
 @pytest.mark.parametrize(
@@ -75,7 +77,7 @@ def test_save_load_round_trip(tmp_path, tied: bool) -> None:
             got = loaded(ids, recurrence="jacobi", d_forward=3, d_backward=1).logits
         assert torch.equal(got, expected), loader.__name__
         if tied:
-            assert loaded.base.lm_head.weight.data_ptr() == loaded.base.model.embed_tokens.weight.data_ptr()
+            assert loaded.lm_head.weight.data_ptr() == loaded.model.embed_tokens.weight.data_ptr()
 
 
 def test_retrofit_from_model_and_from_path_keeps_base_logits(tmp_path) -> None:
@@ -112,3 +114,22 @@ def test_a_checkpoint_saved_by_version_0_1_0_still_loads_and_computes_the_same()
     torch.testing.assert_close(jacobi, expected["jacobi_d3"], atol=1e-6, rtol=0)
     with torch.no_grad():
         assert torch.equal(model.generate(ids[:1], max_new_tokens=6, do_sample=False), expected["greedy"])
+
+
+def test_a_0_1_0_checkpoint_resaves_in_the_backbone_layout(tmp_path: Path) -> None:
+    """Loading maps the 0.1 names (`base.model.*`, `fusion.*`, `cache_norm.*`); saving writes today's
+    (`model.*` plus `lm_head`), and the re-saved directory computes the same logits."""
+    fixture = Path(__file__).parent / "fixtures" / "t2mlr_v0_1_0"
+    with safe_open(fixture / "model.safetensors", "pt") as old:
+        old_names = set(old.keys())
+    assert any(name.startswith("base.model.") for name in old_names)  # the fixture really is the old layout
+    model = AutoModelForCausalLM.from_pretrained(fixture).eval()
+    model.save_pretrained(tmp_path / "resaved")
+    with safe_open(tmp_path / "resaved" / "model.safetensors", "pt") as new:
+        new_names = set(new.keys())
+    assert new_names == {current_key(name) for name in old_names}
+    assert "model.fusion.gamma_rec" in new_names and not any(name.startswith("base.") for name in new_names)
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "resaved").eval()
+    ids = torch.load(fixture / "expected_outputs.pt")["input_ids"]
+    with torch.no_grad():
+        assert torch.equal(reloaded(ids, recurrence="exact").logits, model(ids, recurrence="exact").logits)

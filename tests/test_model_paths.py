@@ -16,7 +16,7 @@ def test_fresh_model_equals_base_model(family: str, path: str) -> None:
     model = tiny_model(family, gates=False)
     ids = random_ids(2, 12)
     with torch.no_grad():
-        expected = model.base(ids).logits
+        expected = model.base_decoder()(ids).logits
         got = model(ids, recurrence=path, d_forward=3, d_backward=1).logits
     assert torch.allclose(got, expected, atol=1e-10, rtol=0)
 
@@ -48,25 +48,25 @@ def test_exact_path_matches_a_hand_rolled_token_loop(model64) -> None:
     """Independent reference: the full base forward on growing prefixes, R carried by hand."""
     ids = random_ids(1, 6)
     model = model64
-    layers, l0, l1 = model.layers, model.config.l_start - 1, model.config.l_end
+    layers, l0, l1 = model.model.layers, model.config.l_start - 1, model.config.l_end
     with torch.no_grad():
         state = torch.zeros(1, model.config.hidden_size, dtype=torch.float64)
         fused_inputs = []
         for t in range(ids.shape[1]):
             prefix = ids[:, : t + 1]
-            hidden = model.base.model.embed_tokens(prefix)
+            hidden = model.model.embed_tokens(prefix)
             positions = torch.arange(t + 1)[None]
-            rotary = model.base.model.rotary_emb(hidden, positions)
+            rotary = model.model.rotary_emb(hidden, positions)
             for i in range(l0):
                 hidden = layers[i](hidden, attention_mask=None, position_ids=positions, position_embeddings=rotary)
             fused_inputs.append(model.fusion(hidden[:, t], state))
             hidden = torch.cat([torch.stack(fused_inputs, dim=1)], dim=1)
             for i in range(l0, l1):
                 hidden = layers[i](hidden, attention_mask=None, position_ids=positions, position_embeddings=rotary)
-            state = model.cache_norm(hidden[:, t] + state)
+            state = model.model.cache_norm(hidden[:, t] + state)
             for i in range(l1, len(layers)):
                 hidden = layers[i](hidden, attention_mask=None, position_ids=positions, position_embeddings=rotary)
-        reference = model.base.lm_head(model.base.model.norm(hidden))
+        reference = model.lm_head(model.model.norm(hidden))
         got = model(ids, recurrence="exact")
     assert torch.allclose(got.logits, reference, atol=1e-10, rtol=0)
     assert torch.allclose(got.recurrent_state, state, atol=1e-10, rtol=0)
@@ -74,7 +74,7 @@ def test_exact_path_matches_a_hand_rolled_token_loop(model64) -> None:
 
 def test_no_cache_residual_uses_raw_hidden_state() -> None:
     model = tiny_model(cache_residual=False)
-    assert model.cache_norm is None
+    assert model.model.cache_norm is None
     ids = random_ids(2, 8)
     with torch.no_grad():
         exact = model(ids, recurrence="exact").logits
@@ -125,6 +125,6 @@ def test_bfloat16_cast_keeps_gates_in_float32() -> None:
 def test_extra_parameter_count_is_5d2_plus_3d_plus_2() -> None:
     model = tiny_model(gates=False)
     d = model.config.hidden_size
-    base = sum(p.numel() for p in model.base.parameters())
+    base = sum(p.numel() for p in model.base_decoder().parameters())
     total = sum(p.numel() for p in model.parameters())
     assert total - base == 5 * d * d + 2 * d + 2 + d

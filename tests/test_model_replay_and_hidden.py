@@ -77,15 +77,15 @@ def hand_window_one_logits(model, ids: torch.Tensor) -> torch.Tensor:
     """Window 1, written out token by token on growing prefixes: the state a token reads is computed with
     gradients from its predecessor's middle-block output, on top of the detached exact state before it;
     nothing reaches further back through R."""
-    layers, l0, l1 = model.layers, model.config.l_start - 1, model.config.l_end
+    layers, l0, l1 = model.model.layers, model.config.l_start - 1, model.config.l_end
     zero = torch.zeros(1, model.config.hidden_size, dtype=torch.float64)
     exact = exact_states(model, ids)[0]  # (T, d), detached
     exact_read = [zero[0]] + [exact[t - 1] for t in range(1, ids.shape[1])]
 
     def below(prefix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple]:
         positions = torch.arange(prefix.shape[1])[None]
-        hidden = model.base.model.embed_tokens(prefix)
-        rotary = model.base.model.rotary_emb(hidden, positions)
+        hidden = model.model.embed_tokens(prefix)
+        rotary = model.model.rotary_emb(hidden, positions)
         for i in range(l0):
             hidden = layers[i](hidden, attention_mask=None, position_ids=positions, position_embeddings=rotary)
         return hidden, positions, rotary
@@ -100,14 +100,14 @@ def hand_window_one_logits(model, ids: torch.Tensor) -> torch.Tensor:
         hidden, positions, rotary = below(ids[:, : t + 1])
         fused = torch.stack([model.fusion(hidden[:, j], exact_read[j][None]) for j in range(t + 1)], dim=1)
         middle = run(fused, positions, rotary, range(l0, l1))
-        one_step_states.append(model.cache_norm(middle[:, t] + exact_read[t][None]))
+        one_step_states.append(model.model.cache_norm(middle[:, t] + exact_read[t][None]))
     reads = [zero] + one_step_states[:-1]
     logits = []
     for t in range(ids.shape[1]):
         hidden, positions, rotary = below(ids[:, : t + 1])
         fused = torch.stack([model.fusion(hidden[:, j], reads[j]) for j in range(t + 1)], dim=1)
         out = run(run(fused, positions, rotary, range(l0, l1)), positions, rotary, range(l1, len(layers)))
-        logits.append(model.base.lm_head(model.base.model.norm(out[:, t])))
+        logits.append(model.lm_head(model.model.norm(out[:, t])))
     return torch.stack(logits, dim=1)
 
 
@@ -122,7 +122,7 @@ def test_window_one_equals_the_hand_written_one_step_reference() -> None:
     full = parameter_gradients(model, weighted_logit_loss(model(ids, recurrence="exact").logits))
     for name in reference:
         torch.testing.assert_close(windowed[name], reference[name], rtol=GRAD_RTOL, atol=GRAD_ATOL, msg=name)
-    assert (windowed["fusion.w_rec.weight"] - full["fusion.w_rec.weight"]).abs().max() > 1e-2  # truncation bites
+    assert (windowed["model.fusion.w_rec.weight"] - full["model.fusion.w_rec.weight"]).abs().max() > 1e-2  # truncation bites
 
 
 def test_the_window_is_a_config_field_and_the_path_says_so() -> None:
@@ -138,7 +138,7 @@ def test_hidden_states_follow_the_base_models_convention(path: str) -> None:
     closed = tiny_model(gates=False)
     ids = random_ids(2, 6)
     with torch.no_grad():
-        base = closed.base(ids, output_hidden_states=True).hidden_states
+        base = closed.base_decoder()(ids, output_hidden_states=True).hidden_states
         ours = closed(ids, recurrence=path, d_forward=3, d_backward=1, output_hidden_states=True).hidden_states
     assert len(ours) == len(base) == closed.config.num_layers + 1
     for index, (got, expected) in enumerate(zip(ours, base)):

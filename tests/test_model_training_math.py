@@ -22,14 +22,14 @@ def _grads(model, ids, **call) -> dict[str, torch.Tensor]:
 def _reference_jacobi_loss(model, ids, d_forward: int, d_backward: int) -> torch.Tensor:
     """Algorithm 1 written out by hand (no padding, one document): `.detach()` where the model uses
     no_grad, and a plain ShiftRight."""
-    base = model.base.model
+    base = model.model
     positions = torch.arange(ids.shape[1])[None]
     hidden = base.embed_tokens(ids)
     rotary = base.rotary_emb(hidden, positions)
 
     def run(h, indices):
         for i in indices:
-            h = model.layers[i](h, attention_mask=None, position_ids=positions, position_embeddings=rotary)
+            h = model.model.layers[i](h, attention_mask=None, position_ids=positions, position_embeddings=rotary)
         return h
 
     low = run(hidden, range(model.config.l_start - 1))
@@ -41,11 +41,11 @@ def _reference_jacobi_loss(model, ids, d_forward: int, d_backward: int) -> torch
     r = torch.zeros_like(low)
     for k in range(1, d_forward + 1):
         h_end = run(low if k == 1 else model.fusion(low, r), middle)
-        r = shift(model.cache_norm(h_end + r))
+        r = shift(model.model.cache_norm(h_end + r))
         if k <= d_forward - d_backward:
             r = r.detach()
     top = run(model.fusion(low, r), range(model.config.l_start - 1, model.config.num_layers))
-    logits = model.base.lm_head(base.norm(top))
+    logits = model.lm_head(base.norm(top))
     return torch.nn.functional.cross_entropy(logits[0, :-1], ids[0, 1:])
 
 
@@ -100,8 +100,8 @@ def test_detached_iterations_store_no_graph() -> None:
 class _CallCounter:
     def __init__(self, model) -> None:
         self.counts: dict[str, int] = {}
-        modules = {f"layer{i}": layer for i, layer in enumerate(model.layers)}
-        modules["lm_head"] = model.base.lm_head
+        modules = {f"layer{i}": layer for i, layer in enumerate(model.model.layers)}
+        modules["lm_head"] = model.lm_head
         modules["fusion"] = model.fusion
         self.handles = [m.register_forward_hook(self._hook(name)) for name, m in modules.items()]
 
@@ -162,7 +162,7 @@ def test_middle_checkpointing_keeps_gradients() -> None:
     ids = random_ids(1, 8)
     call = dict(recurrence="jacobi", d_forward=4, d_backward=2)
     plain = _grads(model, ids, **call)
-    model.set_middle_checkpointing(True)
+    model.model.set_middle_checkpointing(True)
     checkpointed = _grads(model, ids, **call)
     for name in plain:
         assert torch.allclose(plain[name], checkpointed[name], atol=1e-12, rtol=1e-10), name

@@ -100,7 +100,7 @@ def test_one_group_matches_an_independent_reference(tmp_path) -> None:
     # transformers' RMSNorm takes its variance in float32: two float64 orders of the same sum agree to ~1e-7
     for name, grad in replay_grads.items():
         torch.testing.assert_close(grad, model.get_parameter(name).grad, rtol=1e-5, atol=1e-7, msg=lambda m, n=name: f"{n}: {m}")
-    assert replay_grads["fusion.w_rec.weight"].abs().max() > 0  # the recurrence takes part in the gradient
+    assert replay_grads["model.fusion.w_rec.weight"].abs().max() > 0  # the recurrence takes part in the gradient
 
 
 def test_clipped_losses_and_kl_on_hand_computed_tokens() -> None:

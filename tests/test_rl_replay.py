@@ -58,4 +58,4 @@ def test_full_window_replay_gradient_is_the_untruncated_exact_gradient() -> None
     # transformers' RMSNorm takes its variance in float32: float64 gradients in two orders agree to ~1e-6
     for name in exact:
         torch.testing.assert_close(replay[name], exact[name], rtol=1e-5, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
-    assert (short["fusion.w_rec.weight"] - exact["fusion.w_rec.weight"]).abs().max() > 1e-3  # truncation bites
+    assert (short["model.fusion.w_rec.weight"] - exact["model.fusion.w_rec.weight"]).abs().max() > 1e-3  # truncation bites

@@ -128,14 +128,14 @@ def test_pretrained_decoder_is_wrapped_with_its_weights(tmp_path: Path, arch: st
     model = build_model(config_from_tree(apply_overrides(tree, list(settings))).model)
     assert isinstance(model, LoopedForCausalLM if arch == "looped" else PauseForCausalLM)
     for name, value in base.state_dict().items():
-        assert torch.equal(model.base.state_dict()[name], value), name
+        assert torch.equal(model.state_dict()[name], value), name
     assert len(decoder_layers(model)) == 3
 
 
 def test_looped_activation_checkpointing_covers_the_looped_blocks_and_changes_nothing(tmp_path: Path) -> None:
     cfg = tiny("looped", *LOOPED, "model.activation_checkpointing=true")
     model = build_model(cfg.model)
-    assert [getattr(layer, "gradient_checkpointing", False) for layer in model.layers] == [False, True, True]
+    assert [getattr(layer, "gradient_checkpointing", False) for layer in model.model.layers] == [False, True, True]
 
     def run(config: TrainConfig, out: Path) -> tuple[list[float], dict[str, torch.Tensor]]:
         trainer = Trainer(config, out)

@@ -114,19 +114,19 @@ def test_cli_accepts_overrides_after_options() -> None:
 
 def test_param_groups_keep_gates_norms_biases_out_of_weight_decay() -> None:
     named = [
-        ("fusion.gamma_cur", torch.nn.Parameter(torch.zeros(()))),
-        ("fusion.f_cur.weight", torch.nn.Parameter(torch.zeros(4, 8))),
-        ("fusion.f_cur.bias", torch.nn.Parameter(torch.zeros(4))),
-        ("cache_norm.weight", torch.nn.Parameter(torch.ones(4))),
-        ("base.model.layers.0.mlp.up_proj.weight", torch.nn.Parameter(torch.zeros(8, 4))),
+        ("model.fusion.gamma_cur", torch.nn.Parameter(torch.zeros(()))),
+        ("model.fusion.f_cur.weight", torch.nn.Parameter(torch.zeros(4, 8))),
+        ("model.fusion.f_cur.bias", torch.nn.Parameter(torch.zeros(4))),
+        ("model.cache_norm.weight", torch.nn.Parameter(torch.ones(4))),
+        ("model.layers.0.mlp.up_proj.weight", torch.nn.Parameter(torch.zeros(8, 4))),
     ]
     groups = param_groups(named, OptimConfig(lr=1.0, weight_decay=0.1, fusion_lr_mult=3.0))
     by_name = {name: g for g in groups for name in g["names"]}
-    assert by_name["fusion.gamma_cur"]["weight_decay"] == 0.0 and by_name["fusion.gamma_cur"]["lr"] == 3.0
-    assert by_name["fusion.f_cur.weight"]["weight_decay"] == 0.1 and by_name["fusion.f_cur.weight"]["lr"] == 3.0
-    assert by_name["cache_norm.weight"]["weight_decay"] == 0.0 and by_name["cache_norm.weight"]["lr"] == 1.0
-    assert by_name["base.model.layers.0.mlp.up_proj.weight"]["weight_decay"] == 0.1
-    assert is_no_decay("fusion.f_cur.bias", named[2][1])
+    assert by_name["model.fusion.gamma_cur"]["weight_decay"] == 0.0 and by_name["model.fusion.gamma_cur"]["lr"] == 3.0
+    assert by_name["model.fusion.f_cur.weight"]["weight_decay"] == 0.1 and by_name["model.fusion.f_cur.weight"]["lr"] == 3.0
+    assert by_name["model.cache_norm.weight"]["weight_decay"] == 0.0 and by_name["model.cache_norm.weight"]["lr"] == 1.0
+    assert by_name["model.layers.0.mlp.up_proj.weight"]["weight_decay"] == 0.1
+    assert is_no_decay("model.fusion.f_cur.bias", named[2][1])
 
 
 def test_schedule_warms_up_then_decays_to_floor() -> None:

@@ -102,7 +102,7 @@ def test_middle_block_activation_checkpointing_changes_nothing_numerically(tmp_p
     plain_losses, plain_w = final_state(tiny(), tmp_path / "plain")
     cfg = tiny("model.activation_checkpointing=true")
     model = build_model(cfg.model)
-    assert [getattr(layer, "gradient_checkpointing", False) for layer in model.base.model.layers] == [False, True, True]
+    assert [getattr(layer, "gradient_checkpointing", False) for layer in model.model.layers] == [False, True, True]
     ckpt_losses, ckpt_w = final_state(cfg, tmp_path / "ckpt")
     assert ckpt_losses == pytest.approx(plain_losses, rel=1e-6)
     for name in plain_w:

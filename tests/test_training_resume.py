@@ -156,3 +156,33 @@ def test_thread_choice_prefers_the_flag_then_the_resumed_run(tmp_path: Path, mon
     assert choose_threads(None, None)[0] == available_cores()
     monkeypatch.setattr("os.getloadavg", lambda: (100.0, 0.0, 0.0))
     assert choose_threads(None, None)[0] == 1
+
+
+def _legacy_name(name: str) -> str:
+    """The 0.1 layout's name of a tensor (the inverse of `t2mlr.model.checkpoint_keys.current_key`)."""
+    for new, old in (("model.fusion.", "fusion."), ("model.cache_norm.", "cache_norm."), ("model.", "base.model."),
+                     ("lm_head.", "base.lm_head.")):
+        if name.startswith(new):
+            return old + name[len(new):]
+    return name
+
+
+def test_a_checkpoint_in_the_0_1_layout_resumes_exactly(straight: Path, tmp_path: Path) -> None:
+    """A run checkpointed by 0.1 (weights and optimizer state under `base.model.*`, `fusion.*`, no manifest)
+    continues as if never stopped: names are mapped for the weights and, by name, for the optimizer state."""
+    out = tmp_path / "run"
+    assert run(out, "--stop-after", "3") == 0
+    step = out / "checkpoints" / "step_00000003"
+    weights = ckpt.load_weights(step / ckpt.MODEL_FILE)
+    ckpt.save_weights({_legacy_name(k): v for k, v in weights.items()}, step / ckpt.MODEL_FILE)
+    bundle = torch.load(step / ckpt.OPTIM_FILE, weights_only=True)
+    optimizer = bundle["optimizer"]
+    assert set(optimizer["state"]) <= set(weights)  # the optimizer state is keyed by parameter names
+    bundle["optimizer"] = {
+        "state": {_legacy_name(k): v for k, v in optimizer["state"].items()},
+        "param_groups": [{**g, "params": [_legacy_name(p) for p in g["params"]]} for g in optimizer["param_groups"]],
+    }
+    torch.save(bundle, step / ckpt.OPTIM_FILE)
+    (step / ckpt.MANIFEST_FILE).unlink()  # 0.1 wrote no manifest
+    assert run(out, "--resume") == 0
+    assert_same_run(straight, out)

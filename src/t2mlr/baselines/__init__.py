@@ -4,7 +4,7 @@
 * `T2MLRLSTMForCausalLM`: a 4-layer LSTM language model (the S5-Retrieval baseline), matched the same way.
 * `LoopedForCausalLM`: blocks loop_start..loop_end of a decoder run `loops` times per token (full-looped ×2,
   middle-looped ×3 in the paper); `PauseForCausalLM`: `pauses` pause tokens after every real token (the
-  paper's pause ×2 is `pauses=1`). Both drive a wrapped Hugging Face decoder (`decoder_parts`, built on
+  paper's pause ×2 is `pauses=1`). Both run a Hugging Face decoder's parts (`decoder_parts`, built on
   `t2mlr.model`), generate through `generate()` and save/load like any causal LM.
 * `matching`: every parameter count and width search (`matched_models(t2mlr_config)` gives the
   Transformer and LSTM configs and all counts; `matched_looped_config` / `matched_pause_config`;
@@ -19,10 +19,10 @@ from a config dict (`model_type: t2mlr_lstm` / `t2mlr_matched_llama` / `t2mlr_lo
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from t2mlr.baselines import matching
-from t2mlr.baselines.looped import LoopedCache, LoopedConfig, LoopedForCausalLM
+from t2mlr.baselines.looped import LoopedCache, LoopedConfig, LoopedForCausalLM, LoopedModel
 from t2mlr.baselines.lstm import T2MLRLSTMConfig, T2MLRLSTMForCausalLM
 from t2mlr.baselines.matching import *  # noqa: F403  (the names listed in matching.__all__)
-from t2mlr.baselines.pause import PauseCache, PauseConfig, PauseForCausalLM
+from t2mlr.baselines.pause import PauseCache, PauseConfig, PauseForCausalLM, PauseModel
 from t2mlr.baselines.transformer import (
     MatchedLlamaConfig,
     MatchedLlamaForCausalLM,
@@ -42,11 +42,13 @@ __all__ = [
     "LoopedCache",
     "LoopedConfig",
     "LoopedForCausalLM",
+    "LoopedModel",
     "MatchedLlamaConfig",
     "MatchedLlamaForCausalLM",
     "PauseCache",
     "PauseConfig",
     "PauseForCausalLM",
+    "PauseModel",
     "T2MLRLSTMConfig",
     "T2MLRLSTMForCausalLM",
     "matched_llama_config",

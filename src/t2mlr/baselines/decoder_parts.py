@@ -1,5 +1,5 @@
-"""What the looped and the pause-token baselines share: a config around a base decoder's config, and a
-causal LM that drives the wrapped `*ForCausalLM` with a cache of its own.
+"""What the looped and the pause-token baselines share: a config around a base decoder's config, a
+backbone that runs the base decoder's parts with a cache of its own, and the causal LM over it.
 
 Both run the base model's own embedding, blocks, rotary embedding, final norm and LM head, in an order
 of their own. Everything a T²MLR model also does comes from `t2mlr.model`: rebuilding a saved base
@@ -17,11 +17,13 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 from transformers import (
+    AutoModel,
     DynamicCache,
     GenerationMixin,
     PretrainedConfig,
     PreTrainedModel,
 )
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from t2mlr.baselines.transformer import MatchedLlamaConfig
 from t2mlr.model import checks
@@ -34,13 +36,14 @@ from t2mlr.model.configuration import (
 )
 from t2mlr.model.layout import TokenLayout
 from t2mlr.model.pretrained import load_pretrained_base
-from t2mlr.model.wrapping import WrapsBaseDecoder, follow_base_placement, wrapped_base
+from t2mlr.model.wrapping import DecoderBackbone, LMHeadOverBackbone, base_decoder, follow_placement
 from t2mlr.utils import Field, check_known_names, signature_fields
 
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
     "WrappedDecoderConfig",
     "WrappedDecoderForCausalLM",
+    "WrappedDecoderModel",
     "check_no_extra_outputs",
     "check_positive_int",
 ]
@@ -100,55 +103,38 @@ class WrappedDecoderConfig(WrapsBaseConfig, PretrainedConfig):
         raise NotImplementedError
 
 
-class WrappedDecoderForCausalLM(WrapsBaseDecoder, PreTrainedModel, GenerationMixin):
-    """A causal LM over a wrapped Hugging Face decoder, with its own cache class.
-
-    Subclasses set `config_class`, may add modules of their own in `build_own_modules` (initialised by
-    `post_init`, placed like the base model), and implement `new_cache` and `fits_cache`.
-    """
+class WrappedDecoderModel(DecoderBackbone, PreTrainedModel):
+    """A baseline's backbone: the base decoder's parts (`DecoderBackbone`) plus modules of its own, with a
+    cache class of its own. Subclasses set `config_class`, may add modules in `build_own_modules`
+    (initialised by `post_init`, placed like the embedding), implement `new_cache`, `fits_cache` and
+    `forward` (returning the final-norm hidden states at the real tokens)."""
 
     config_class = WrappedDecoderConfig
+    base_model_prefix = "model"
     main_input_name = "input_ids"
 
-    def __init__(self, config: WrappedDecoderConfig, base_model: PreTrainedModel | None = None) -> None:
+    def __init__(self, config: WrappedDecoderConfig, decoder: nn.Module | None = None) -> None:
+        """`decoder`: the base decoder's inner model whose parts become this model's; None builds a fresh one."""
         super().__init__(config)
         config.check_base()
         config.check_settings()
-        self.base = wrapped_base(config.base_config, config._attn_implementation, base_model, f"the {config.wrapper_name}")
+        if decoder is None:
+            decoder = AutoModel.from_config(config.base_config, attn_implementation=config._attn_implementation)
+        self.adopt_decoder_parts(decoder)
         own = self.build_own_modules()
         self.post_init()
-        follow_base_placement(self.base, own)
+        follow_placement(self.embed_tokens.weight, own)
 
     def build_own_modules(self) -> list[nn.Module]:
         """Create the modules this baseline adds to the base model (none by default) and return them."""
         return []
 
-    @classmethod
-    def wrap(
-        cls, base: PreTrainedModel | PretrainedConfig | str, load_kwargs: dict[str, Any] | None = None, **settings: Any
-    ) -> WrappedDecoderForCausalLM:
-        """This baseline around a base decoder: a model object is wrapped, not copied (its modules become
-        this model's and keep their weights; pass `copy.deepcopy(base)` to keep the original), a hub id /
-        local path is loaded first, a config gives a freshly initialised model. `settings` are the config's
-        fields only."""
-        if load_kwargs and not isinstance(base, str):
-            raise ValueError("load_kwargs applies only when `base` is a hub id or path")
-        if isinstance(base, str):
-            base, _ = load_pretrained_base(base, with_tokenizer=False, **(load_kwargs or {}))
-        if isinstance(base, PretrainedConfig):
-            return cls(cls.config_class.from_base(base, **settings))
-        if not isinstance(base, PreTrainedModel):
-            raise ValueError(f"base must be a model, a config, or a hub id / path, got {type(base).__name__}")
-        return cls(cls.config_class.from_base(base.config, **settings), base_model=base)
-
-    # ----------------------------------------------------------------------------- inputs and cache
     def checked_inputs(
         self,
         input_ids: torch.Tensor | None,
         inputs_embeds: torch.Tensor | None,
         attention_mask: torch.Tensor | None,
         position_ids: torch.Tensor | None,
-        labels: torch.Tensor | None,
         past_key_values: Any,
         use_cache: bool | None,
         max_positions: int | None,
@@ -159,7 +145,7 @@ class WrappedDecoderForCausalLM(WrapsBaseDecoder, PreTrainedModel, GenerationMix
         check_no_extra_outputs(extra)
         cache = self._resolve_cache(past_key_values, use_cache)
         layout, attention_mask = checks.checked_chunk(
-            input_ids, inputs_embeds, attention_mask, position_ids, labels, cache, self.config.hidden_size,
+            input_ids, inputs_embeds, attention_mask, position_ids, cache, self.config.hidden_size,
             self.config.vocab_size, max_positions,
         )
         return cache, layout, attention_mask
@@ -185,10 +171,70 @@ class WrappedDecoderForCausalLM(WrapsBaseDecoder, PreTrainedModel, GenerationMix
             )
         return past_key_values
 
+
+class WrappedDecoderForCausalLM(LMHeadOverBackbone, PreTrainedModel, GenerationMixin):
+    """A baseline's causal LM: its backbone (`backbone_class`, under `model`) and the base decoder's head."""
+
+    config_class = WrappedDecoderConfig
+    backbone_class: ClassVar[type[WrappedDecoderModel]] = WrappedDecoderModel
+    base_model_prefix = "model"
+    main_input_name = "input_ids"
+
+    def __init__(self, config: WrappedDecoderConfig, base_model: PreTrainedModel | None = None) -> None:
+        super().__init__(config)
+        decoder = base_decoder(config.base_config, config._attn_implementation, base_model, f"the {config.wrapper_name}")
+        self.model = self.backbone_class(config, decoder=decoder.model)
+        self.lm_head = decoder.lm_head
+        self.post_init()
+
+    @classmethod
+    def wrap(
+        cls, base: PreTrainedModel | PretrainedConfig | str, load_kwargs: dict[str, Any] | None = None, **settings: Any
+    ) -> WrappedDecoderForCausalLM:
+        """This baseline around a base decoder: a model object is adopted, not copied (its modules become
+        this model's and keep their weights; pass `copy.deepcopy(base)` to keep the original), a hub id /
+        local path is loaded first, a config gives a freshly initialised model. `settings` are the config's
+        fields only."""
+        if load_kwargs and not isinstance(base, str):
+            raise ValueError("load_kwargs applies only when `base` is a hub id or path")
+        if isinstance(base, str):
+            base, _ = load_pretrained_base(base, with_tokenizer=False, **(load_kwargs or {}))
+        if isinstance(base, PretrainedConfig):
+            return cls(cls.config_class.from_base(base, **settings))
+        if not isinstance(base, PreTrainedModel):
+            raise ValueError(f"base must be a model, a config, or a hub id / path, got {type(base).__name__}")
+        return cls(cls.config_class.from_base(base.config, **settings), base_model=base)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: DynamicCache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        **loss_kwargs: Any,
+    ) -> CausalLMOutputWithPast:
+        """Causal-LM forward over real tokens: the backbone, then the LM head at the kept positions. Labels
+        are standard causal-LM labels (shifted inside, -100 ignored); a cache is used when
+        `past_key_values` is passed (the model's own class) or created when `use_cache=True`."""
+        checks.checked_labels(labels, input_ids, inputs_embeds, self.config.vocab_size)
+        out = self.model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+            past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
+            output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+        )
+        logits, loss = self.logits_and_loss(out.last_hidden_state, labels, logits_to_keep, **loss_kwargs)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=out.past_key_values)
+
     def _prepare_cache_for_generation(
         self, generation_config: Any, model_kwargs: dict, *args: Any, **kwargs: Any
     ) -> Any:
         """generate() gets this model's own cache instead of the per-block `DynamicCache` it would build."""
         if model_kwargs.get("past_key_values") is None and generation_config.use_cache is not False:
-            model_kwargs["past_key_values"] = self.new_cache()
+            model_kwargs["past_key_values"] = self.model.new_cache()
         return super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)

@@ -10,7 +10,7 @@ The looped range is written `loop_blocks="9-22"` (1-based, inclusive, as T²MLR'
 
     blocks 1..s-1 once → (blocks s..e) K times, in block order each time → blocks e+1..L once → norm → LM head
 
-This is the wrapped `*ForCausalLM`'s own embedding, blocks, rotary embedding, masks and head, only run
+This is the base `*ForCausalLM`'s own embedding, blocks, rotary embedding, masks and head, only run
 in that order (`LoopedConfig.block_schedule()`); K = 1 is exactly the base model. Every run of a block
 is a separate *application* with its own keys and values: application i (in execution order) owns KV
 slot i of a `LoopedCache`, a `DynamicCache` with one layer per application. The blocks write to the
@@ -39,18 +39,18 @@ from transformers.cache_utils import (
     Cache,
     get_layer_types_and_kwargs,
 )
-from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.modeling_outputs import BaseModelOutputWithPast
 
 from t2mlr.baselines.decoder_parts import (
     WrappedDecoderConfig,
     WrappedDecoderForCausalLM,
+    WrappedDecoderModel,
     check_positive_int,
 )
 from t2mlr.model.configuration import check_block_range
-from t2mlr.model.layout import layer_inputs
 from t2mlr.model.wrapping import checkpoint_blocks
 
-__all__ = ["CacheSlot", "LoopedCache", "LoopedConfig", "LoopedForCausalLM", "parse_loop_blocks"]
+__all__ = ["CacheSlot", "LoopedCache", "LoopedConfig", "LoopedForCausalLM", "LoopedModel", "parse_loop_blocks"]
 
 FULL = "full"
 
@@ -178,11 +178,51 @@ class CacheSlot:
         return self.cache.update(key_states, value_states, self.slot, *args, **kwargs)
 
 
+class LoopedModel(WrappedDecoderModel):
+    """The looped backbone: the base decoder's blocks in `config.block_schedule()` order (module docstring)."""
+
+    config_class = LoopedConfig
+
+    def new_cache(self, offloading: bool = False) -> LoopedCache:
+        return LoopedCache(self.config, offloading=offloading)
+
+    def set_loop_checkpointing(self, enabled: bool) -> None:
+        """Activation checkpointing of the looped blocks only: they run `loops` times per step, so they hold
+        most of the activations that gradients need; each run recomputes its own in backward."""
+        checkpoint_blocks(self.layers, self.config.looped_indices(), enabled)
+
+    def fits_cache(self, cache: Any) -> bool:
+        return isinstance(cache, LoopedCache) and cache.block_schedule == tuple(self.config.block_schedule())
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: LoopedCache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs: Any,
+    ) -> BaseModelOutputWithPast:
+        """The final-norm hidden states after the block schedule. A cache is used when `past_key_values` is
+        passed (a `LoopedCache`) or created when `use_cache=True`."""
+        base_config = self.config.base_config
+        cache, layout, attention_mask = self.checked_inputs(
+            input_ids, inputs_embeds, attention_mask, position_ids, past_key_values, use_cache,
+            getattr(base_config, "max_position_embeddings", None), kwargs,
+        )
+        hidden = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        inputs = self.chunk_inputs(hidden, attention_mask, layout, cache)
+        for slot, block in enumerate(self.config.block_schedule()):
+            hidden = self.run_block(block, hidden, inputs, None if cache is None else CacheSlot(cache, slot, block))
+        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden), past_key_values=cache)
+
+
 class LoopedForCausalLM(WrappedDecoderForCausalLM):
     """Looped causal LM over a Hugging Face decoder (see the module docstring)."""
 
     config_class = LoopedConfig
-    base_model_prefix = "looped"
+    backbone_class = LoopedModel
 
     @classmethod
     def from_base(
@@ -198,40 +238,3 @@ class LoopedForCausalLM(WrappedDecoderForCausalLM):
         its weights, a hub id / local path is loaded first, a config gives a freshly initialised model."""
         return cls.wrap(base, load_kwargs, loop_blocks=loop_blocks, loop_start=loop_start, loop_end=loop_end,
                         loops=loops)
-
-    def set_loop_checkpointing(self, enabled: bool) -> None:
-        """Activation checkpointing of the looped blocks only: they run `loops` times per step, so they hold
-        most of the activations that gradients need; each run recomputes its own in backward."""
-        checkpoint_blocks(self.layers, self.config.looped_indices(), enabled)
-
-    def new_cache(self, offloading: bool = False) -> LoopedCache:
-        return LoopedCache(self.config, offloading=offloading)
-
-    def fits_cache(self, cache: Any) -> bool:
-        return isinstance(cache, LoopedCache) and cache.block_schedule == tuple(self.config.block_schedule())
-
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        past_key_values: LoopedCache | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        labels: torch.LongTensor | None = None,
-        use_cache: bool | None = None,
-        logits_to_keep: int | torch.Tensor = 0,
-        **kwargs: Any,
-    ) -> CausalLMOutputWithPast:
-        """Causal-LM forward; labels are standard causal-LM labels (shifted inside, -100 ignored). A cache
-        is used when `past_key_values` is passed (a `LoopedCache`) or created when `use_cache=True`."""
-        base_config = self.config.base_config
-        cache, layout, attention_mask = self.checked_inputs(
-            input_ids, inputs_embeds, attention_mask, position_ids, labels, past_key_values, use_cache,
-            getattr(base_config, "max_position_embeddings", None), kwargs,
-        )
-        hidden = self.base.model.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
-        inputs = layer_inputs(base_config, self.base.model.rotary_emb, hidden, attention_mask, layout, cache)
-        for slot, block in enumerate(self.config.block_schedule()):
-            hidden = self.run_block(block, hidden, inputs, None if cache is None else CacheSlot(cache, slot, block))
-        logits, loss = self.head_and_loss(hidden, labels, logits_to_keep, **kwargs)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=cache)

@@ -58,16 +58,17 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import DynamicCache, PretrainedConfig, PreTrainedModel
-from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.modeling_outputs import BaseModelOutputWithPast
 
 from t2mlr.baselines.decoder_parts import (
     WrappedDecoderConfig,
     WrappedDecoderForCausalLM,
+    WrappedDecoderModel,
     check_positive_int,
 )
-from t2mlr.model.layout import TokenLayout, layer_inputs
+from t2mlr.model.layout import TokenLayout
 
-__all__ = ["PauseCache", "PauseConfig", "PauseForCausalLM", "interleaved_layout"]
+__all__ = ["PauseCache", "PauseConfig", "PauseForCausalLM", "PauseModel", "interleaved_layout"]
 
 
 class PauseConfig(WrappedDecoderConfig):
@@ -165,28 +166,14 @@ def interleaved_layout(layout: TokenLayout, period: int) -> TokenLayout:
     )
 
 
-class PauseForCausalLM(WrappedDecoderForCausalLM):
-    """Causal LM with pause tokens after every real token (see the module docstring)."""
+class PauseModel(WrappedDecoderModel):
+    """The pause-token backbone: the pause embeddings and the interleaved forward (module docstring)."""
 
     config_class = PauseConfig
-    base_model_prefix = "pause"
 
     def build_own_modules(self) -> list[nn.Module]:
         self.pause_embeddings = nn.Embedding(self.config.pauses, self.config.hidden_size)
         return [self.pause_embeddings]
-
-    @classmethod
-    def from_base(
-        cls,
-        base: PreTrainedModel | PretrainedConfig | str,
-        pauses: int = 1,
-        load_kwargs: dict[str, Any] | None = None,
-        **config_kwargs: Any,
-    ) -> PauseForCausalLM:
-        """A pause-token model around a base decoder (see `WrappedDecoderForCausalLM.wrap`): a model object
-        keeps its weights (the pause embeddings are new), a hub id / local path is loaded first, a config
-        gives a freshly initialised model."""
-        return cls.wrap(base, load_kwargs, pauses=pauses, **config_kwargs)
 
     def new_cache(self, offloading: bool = False) -> PauseCache:
         return PauseCache(self.config, offloading=offloading)
@@ -214,7 +201,7 @@ class PauseForCausalLM(WrappedDecoderForCausalLM):
                 f"extended ids must lie in [0, {vocab}) or be pause ids {self.config.pause_token_ids}, "
                 f"got {sorted(set(extended_ids[~valid].tolist()))[:8]}"
             )
-        real = self.base.model.embed_tokens(extended_ids.masked_fill(is_pause, 0))
+        real = self.embed_tokens(extended_ids.masked_fill(is_pause, 0))
         pause = self.pause_embeddings((extended_ids - first).clamp(min=0, max=self.config.pauses - 1))
         return torch.where(is_pause[..., None], pause, real)
 
@@ -232,31 +219,27 @@ class PauseForCausalLM(WrappedDecoderForCausalLM):
         position_ids: torch.LongTensor | None = None,
         past_key_values: PauseCache | None = None,
         inputs_embeds: torch.Tensor | None = None,
-        labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
-        logits_to_keep: int | torch.Tensor = 0,
         **kwargs: Any,
-    ) -> CausalLMOutputWithPast:
-        """Causal-LM forward over real tokens (see the module docstring); the pauses are inserted here. A
-        cache is used when `past_key_values` is passed (a `PauseCache`) or created when `use_cache=True`.
-        Real position p becomes p·P .. p·P + P − 1, so real positions must stay below
-        max_position_embeddings // P."""
+    ) -> BaseModelOutputWithPast:
+        """The final-norm hidden states at the last pause after each real token, which predict the next
+        real token (see the module docstring); the pauses are inserted here. A cache is used when
+        `past_key_values` is passed (a `PauseCache`) or created when `use_cache=True`. Real position p
+        becomes p·P .. p·P + P − 1, so real positions must stay below max_position_embeddings // P."""
         period, base_config = self.config.period, self.config.base_config
         max_positions = getattr(base_config, "max_position_embeddings", None)
         cache, layout, attention_mask = self.checked_inputs(
-            input_ids, inputs_embeds, attention_mask, position_ids, labels, past_key_values, use_cache,
+            input_ids, inputs_embeds, attention_mask, position_ids, past_key_values, use_cache,
             None if max_positions is None else max_positions // period, kwargs,
         )
         self._check_whole_groups(cache)
-        hidden = self._interleave_pauses(self.base.model.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds)
+        hidden = self._interleave_pauses(self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds)
         extended_mask = None if attention_mask is None else attention_mask.repeat_interleave(period, dim=1)
-        inputs = layer_inputs(base_config, self.base.model.rotary_emb, hidden, extended_mask,
-                              interleaved_layout(layout, period), cache)
+        inputs = self.chunk_inputs(hidden, extended_mask, interleaved_layout(layout, period), cache)
         for block in range(len(self.layers)):
             hidden = self.run_block(block, hidden, inputs)
         at_last_pause = hidden[:, period - 1 :: period]  # predicts the next real token
-        logits, loss = self.head_and_loss(at_last_pause, labels, logits_to_keep, **kwargs)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=cache)
+        return BaseModelOutputWithPast(last_hidden_state=self.norm(at_last_pause), past_key_values=cache)
 
     def _check_whole_groups(self, cache: PauseCache | None) -> None:
         """A cache filled by this model holds whole groups of a token and its pauses."""
@@ -266,3 +249,23 @@ class PauseForCausalLM(WrappedDecoderForCausalLM):
                 f"the cache holds {extended} positions, not a whole number of (token + {self.config.pauses} pauses) "
                 "groups: it was filled by another model"
             )
+
+
+class PauseForCausalLM(WrappedDecoderForCausalLM):
+    """Causal LM with pause tokens after every real token (see the module docstring)."""
+
+    config_class = PauseConfig
+    backbone_class = PauseModel
+
+    @classmethod
+    def from_base(
+        cls,
+        base: PreTrainedModel | PretrainedConfig | str,
+        pauses: int = 1,
+        load_kwargs: dict[str, Any] | None = None,
+        **config_kwargs: Any,
+    ) -> PauseForCausalLM:
+        """A pause-token model around a base decoder (see `WrappedDecoderForCausalLM.wrap`): a model object
+        keeps its weights (the pause embeddings are new), a hub id / local path is loaded first, a config
+        gives a freshly initialised model."""
+        return cls.wrap(base, load_kwargs, pauses=pauses, **config_kwargs)

@@ -101,17 +101,17 @@ class T2MLRStaticCache(StaticCache):
 
     def __init__(self, config: PretrainedConfig, max_cache_len: int, **kwargs) -> None:
         super().__init__(config=_base_config(config), max_cache_len=max_cache_len, **kwargs)
-        self.max_cache_len = max_cache_len
+        self.capacity = max_cache_len  # tokens it holds (StaticCache's own max_cache_len is deprecated in 5.19)
         self.state_buffer: torch.Tensor | None = None  # allocated by the first write
         self.state_count = torch.zeros((), dtype=torch.long)  # states written; a tensor, changed in place
 
     def padded_mask(self, mask: torch.Tensor) -> torch.Tensor:
         """A (batch, tokens so far) 2D mask widened with zeros to (batch, max_cache_len): the free positions."""
-        return torch.nn.functional.pad(mask, (0, self.max_cache_len - mask.shape[1]))
+        return torch.nn.functional.pad(mask, (0, self.capacity - mask.shape[1]))
 
     def _allocate(self, states: torch.Tensor) -> None:
         batch, _, hidden = states.shape
-        self.state_buffer = states.new_zeros(batch, self.max_cache_len, hidden)
+        self.state_buffer = states.new_zeros(batch, self.capacity, hidden)
         self.state_count = self.state_count.to(states.device)
         if not torch.compiler.is_compiling():  # fixed addresses: what CUDA-graph capture needs
             torch._dynamo.mark_static_address(self.state_buffer)

@@ -44,14 +44,13 @@ def chunk_shape(
 
 def check_value_ranges(
     input_ids: torch.Tensor | None,
-    labels: torch.Tensor | None,
     position_ids: torch.Tensor,
     vocab_size: int,
     max_positions: int | None,
     counts: Sequence[torch.Tensor] = (),
 ) -> list[int]:
-    """Token ids and labels inside the vocabulary (labels may also be -100) and positions below the
-    base model's limit, read back in one host sync (each sync stalls a GPU decode step). `counts`, 0-d
+    """Token ids inside the vocabulary and positions below the base model's limit, read back in one host
+    sync (each sync stalls a GPU decode step). `counts`, 0-d
     integer tensors other checks need (a static cache's lengths), ride along in that sync and are returned;
     under torch.compile nothing is read and the list is empty."""
     if torch.compiler.is_compiling():
@@ -60,9 +59,6 @@ def check_value_ranges(
     bounds.extend(c.to(position_ids.device, position_ids.dtype).reshape(1) for c in counts)
     if input_ids is not None:
         bounds.append(torch.stack(torch.aminmax(input_ids)).to(position_ids.dtype))
-    if labels is not None:
-        scored = labels.masked_fill(labels == IGNORE_INDEX, 0)
-        bounds.append(torch.stack(torch.aminmax(scored)).to(position_ids.dtype))
     values = torch.cat(bounds).tolist()
     highest_position, read = values[0], values[1 : 1 + len(counts)]
     values = values[:1] + values[1 + len(counts):]
@@ -70,12 +66,6 @@ def check_value_ranges(
         low, high = values[1:3]
         if low < 0 or high >= vocab_size:
             raise ValueError(f"token ids must lie in [0, {vocab_size}), got range [{low}, {high}]")
-    if labels is not None:
-        low, high = values[-2:]
-        if low < 0 or high >= vocab_size:
-            raise ValueError(
-                f"labels must lie in [0, {vocab_size}) or be {IGNORE_INDEX} (ignored), got range [{low}, {high}]"
-            )
     if max_positions is not None and highest_position >= max_positions:
         raise ValueError(
             f"position {highest_position} exceeds the base model's limit (max_position_embeddings={max_positions}); "
@@ -89,7 +79,6 @@ def checked_chunk(
     inputs_embeds: torch.Tensor | None,
     attention_mask: torch.Tensor | None,
     position_ids: torch.Tensor | None,
-    labels: torch.Tensor | None,
     cache: DynamicCache | None,
     hidden_size: int,
     vocab_size: int,
@@ -102,7 +91,6 @@ def checked_chunk(
     the checked attention mask. `reads_states`: the forward continues the cache's recurrent states (any
     path but recurrence="off"), so a static cache must hold one per cached token."""
     batch, length, device = chunk_shape(input_ids, inputs_embeds, hidden_size)
-    check_labels_shape(labels, batch, length)
     past = cached_length(cache)
     static, growing_mask = isinstance(cache, T2MLRStaticCache), None
     if static:
@@ -111,15 +99,27 @@ def checked_chunk(
         attention_mask = checked_attention_mask(attention_mask, batch, past + length)
     layout = token_layout(attention_mask, position_ids, document_ids, past, batch, length, device)
     counts = (torch.as_tensor(past), cache.state_count) if static else ()
-    read = check_value_ranges(input_ids, labels, layout.position_ids, vocab_size, max_positions, counts)
+    read = check_value_ranges(input_ids, layout.position_ids, vocab_size, max_positions, counts)
     if read:
         check_static_lengths(cache, *read, batch, length, growing_mask, reads_states)
     return layout, attention_mask
 
 
-def check_labels_shape(labels: torch.Tensor | None, batch: int, length: int) -> None:
-    if labels is not None and tuple(labels.shape) != (batch, length):
-        raise ValueError(f"labels must have the shape of the inputs ({batch}, {length}), got {tuple(labels.shape)}")
+def checked_labels(
+    labels: torch.Tensor | None, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, vocab_size: int
+) -> None:
+    """A causal LM's labels: the inputs' (batch, seq) shape, ids in the vocabulary or -100 (ignored), read
+    back in one host sync (skipped under torch.compile). Bad inputs themselves are the backbone's to report."""
+    reference = input_ids if input_ids is not None else inputs_embeds
+    if labels is None or reference is None or reference.dim() < 2:
+        return
+    if tuple(labels.shape) != tuple(reference.shape[:2]):
+        raise ValueError(f"labels must have the shape of the inputs {tuple(reference.shape[:2])}, got {tuple(labels.shape)}")
+    if torch.compiler.is_compiling():
+        return
+    low, high = torch.stack(torch.aminmax(labels.masked_fill(labels == IGNORE_INDEX, 0))).tolist()
+    if low < 0 or high >= vocab_size:
+        raise ValueError(f"labels must lie in [0, {vocab_size}) or be {IGNORE_INDEX} (ignored), got range [{low}, {high}]")
 
 
 def checked_cache(past_key_values: Any, use_cache: bool | None) -> T2MLRCache | T2MLRStaticCache | None:
@@ -157,12 +157,12 @@ def static_attention_mask(
     or given as (batch, past + seq) and padded with zeros for the free positions. Returns that mask and the
     growing one as given (None when fixed), which `check_static_lengths` checks against the cache's length
     once that has been read; nothing here reads the device."""
-    if mask is None or (mask.dim() == 2 and tuple(mask.shape) == (batch, cache.max_cache_len)):
+    if mask is None or (mask.dim() == 2 and tuple(mask.shape) == (batch, cache.capacity)):
         return mask, None
     if mask.dim() != 2 or mask.shape[0] != batch:
         raise ValueError(f"attention_mask must be 2D (batch, past + seq) with batch {batch}, got {tuple(mask.shape)}")
-    if mask.shape[1] > cache.max_cache_len:
-        raise ValueError(f"the chunk ends at token {mask.shape[1]} but the static cache holds {cache.max_cache_len}")
+    if mask.shape[1] > cache.capacity:
+        raise ValueError(f"the chunk ends at token {mask.shape[1]} but the static cache holds {cache.capacity}")
     return cache.padded_mask(mask), mask
 
 
@@ -173,8 +173,8 @@ def check_static_lengths(
     """The checks a static cache's lengths need (read with the value ranges, in eager mode only): the chunk
     fits, a growing mask covers exactly past + seq tokens, and (`reads_states`) one R per cached token."""
     total = past + length
-    if total > cache.max_cache_len:
-        raise ValueError(f"the chunk ends at token {total} but the static cache holds {cache.max_cache_len}")
+    if total > cache.capacity:
+        raise ValueError(f"the chunk ends at token {total} but the static cache holds {cache.capacity}")
     checked_attention_mask(growing_mask, batch, total)
     if reads_states and states != past:
         raise ValueError(KEYS_WITHOUT_STATES.format(past=past, have=states))

@@ -2,9 +2,10 @@
 
 R lives in the `T2MLRCache` passed as `past_key_values`, so everything `generate()` does to the cache
 (beam reordering, expansion for `num_return_sequences`, cropping in assisted decoding) happens to R
-too, and nothing is stored on the module. The prompt runs on the exact path (default) or on the Jacobi
-path with a chosen depth; every later chunk continues the cache on the exact path: one token per step,
-where both paths coincide, or token by token for the verification chunks of assisted decoding.
+too, and nothing is stored on the module. The prompt runs on the config's evaluation path (exact by
+default, in train mode too) or on the Jacobi path with a chosen depth; every later chunk continues the
+cache on the exact path: one token per step, where both paths coincide, or token by token for the
+verification chunks of assisted decoding.
 """
 
 from __future__ import annotations
@@ -87,7 +88,9 @@ class T2MLRGenerationMixin(GenerationMixin):
     ):
         """`GenerationMixin.generate` plus the prompt's forward path.
 
-        prefill="exact" (default: the config's eval path) runs the prompt's middle block token by token;
+        The prompt and every later token take the config's evaluation path (`eval_recurrence`, exact by
+        default) whether the model is in train or eval mode: RL rollouts generate in train mode, and must
+        decode what the model computes. prefill="exact" runs the prompt's middle block token by token;
         prefill="jacobi" runs it in parallel with `prefill_depth` cache iterations (default: the config's
         d_forward), approximate unless prefill_depth >= prompt length; `prefill_tol` stops those
         iterations early once max |ΔR| <= tol (a trained model's cache often converges in a few, so a
@@ -103,6 +106,7 @@ class T2MLRGenerationMixin(GenerationMixin):
         path.
         """
         kwargs.update(prefill_kwargs(prefill, prefill_depth, prefill_tol, self.config.d_forward))
+        kwargs.setdefault("recurrence", self.config.eval_recurrence)  # decoding's path, in train mode too
         if not output_recurrent_states:
             return super().generate(*args, **kwargs)
         if not kwargs.get("return_dict_in_generate"):
@@ -141,7 +145,7 @@ class T2MLRGenerationMixin(GenerationMixin):
         with torch.no_grad():
             reusable = isinstance(cache, (T2MLRCache, T2MLRStaticCache)) and int(cache.get_seq_length()) == length - 1
             if isinstance(cache, T2MLRStaticCache):  # generate() sizes it without room for the last token
-                reusable = reusable and cache.max_cache_len >= length
+                reusable = reusable and cache.capacity >= length
             if reusable and exact_prompt and not beams:
                 self(sequences[:, -1:], attention_mask=full_mask, past_key_values=cache, use_cache=True,
                      recurrence="exact")

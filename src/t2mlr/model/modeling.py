@@ -1,12 +1,15 @@
-"""`T2MLRForCausalLM`: a Hugging Face decoder with temporal middle-layer recurrence.
+"""`T2MLRModel` and `T2MLRForCausalLM`: a Hugging Face decoder with temporal middle-layer recurrence.
 
-The wrapped decoder (`self.base`, e.g. a `LlamaForCausalLM`) keeps its own embeddings, decoder layers,
-rotary embeddings, final norm and LM head. This module decides in which order its blocks run and
-inserts the fusion Φ before block l_start and the cache update after block l_end (docs/semantics.md).
+Laid out as every transformers causal LM: `T2MLRForCausalLM` is the backbone `T2MLRModel` (under `model.`)
+plus the LM head. The backbone holds the base decoder's own embedding, decoder blocks, rotary embedding
+and final norm (`t2mlr.model.wrapping`), decides in which order its blocks run, and inserts the fusion Φ
+before block l_start and the cache update after block l_end (docs/semantics.md). It returns the hidden
+states after the final norm, so tools that score tokens through `model.base_model` (TRL) see a backbone
+like `LlamaModel`.
 
 A forward reads prefix → middle → suffix. The prefix (blocks below l_start) and the suffix (blocks
-above l_end, norm, head) run once, in parallel over the chunk. The middle block l_start..l_end runs on
-one of three paths:
+above l_end, norm) run once, in parallel over the chunk. The middle block l_start..l_end runs on one of
+three paths:
 
 * exact: token by token, R carried from token to token (the definition; also the decode step).
 * jacobi: a seed pass without fusion, then fused refinements of the whole chunk's R at once, then a
@@ -28,8 +31,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
-from transformers import DynamicCache, PreTrainedModel
-from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers import AutoModel, DynamicCache, PreTrainedModel
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from t2mlr.utils import check_known_names
 
@@ -45,7 +48,6 @@ from .layout import (
     chunk_kv_offset,
     gather_states,
     latest_real_index,
-    layer_inputs,
     reset_at_starts,
     states_read,
     step_mask,
@@ -53,16 +55,19 @@ from .layout import (
 from .pretrained import load_pretrained_base
 from .remote_code import write_remote_code_modules
 from .wrapping import (
-    WrapsBaseDecoder,
+    DecoderBackbone,
+    LMHeadOverBackbone,
+    RunsBaseDecoder,
+    base_decoder,
+    call_block,
     checkpoint_blocks,
-    follow_base_placement,
-    wrapped_base,
+    follow_placement,
 )
 
 
 @dataclass
-class T2MLRCausalLMOutput(CausalLMOutputWithPast):
-    """`CausalLMOutputWithPast` plus the recurrence's own outputs.
+class T2MLRModelOutput(BaseModelOutputWithPast):
+    """`BaseModelOutputWithPast` (last_hidden_state after the final norm) plus the recurrence's outputs.
 
     recurrent_state: R after the last token of each row, (batch, hidden); None on the "off" path.
     jacobi_iterations: cache iterates computed by the Jacobi path (fewer than d_forward when the
@@ -74,64 +79,21 @@ class T2MLRCausalLMOutput(CausalLMOutputWithPast):
     jacobi_iterations: int | torch.Tensor | None = None
 
 
-class T2MLRPreTrainedModel(WrapsBaseDecoder, PreTrainedModel):
+@dataclass
+class T2MLRCausalLMOutput(CausalLMOutputWithPast):
+    """`CausalLMOutputWithPast` plus the recurrence's own outputs (see `T2MLRModelOutput`)."""
+
+    recurrent_state: torch.Tensor | None = None
+    jacobi_iterations: int | torch.Tensor | None = None
+
+
+class T2MLRPreTrainedModel(RunsBaseDecoder, PreTrainedModel):
     config_class = T2MLRConfig
-    base_model_prefix = "t2mlr"
-
-
-def is_t2mlr(model: nn.Module) -> bool:
-    """The one test of "is this a T²MLR model" (a wrapper such as DDP must be unwrapped first)."""
-    return isinstance(model, T2MLRForCausalLM)
-
-
-class T2MLRForCausalLM(T2MLRPreTrainedModel, T2MLRGenerationMixin):
-    """T²MLR causal LM. See the module docstring for the forward paths."""
-
-    def __init__(self, config: T2MLRConfig, base_model: PreTrainedModel | None = None) -> None:
-        config.validate_recurrence()  # first: PreTrainedModel.__init__ reads the base config it needs
-        super().__init__(config)
-        self.base = wrapped_base(config.base_config, config._attn_implementation, base_model, "T²MLR")
-        d = config.hidden_size
-        self.fusion = GatedFusion(d)
-        self.cache_norm = CacheNorm(d, getattr(config.base_config, "rms_norm_eps", 1e-6)) if config.cache_residual else None
-        self.post_init()
-        follow_base_placement(self.base, (self.fusion, self.cache_norm))
-
-    @classmethod
-    def from_base(
-        cls,
-        base: PreTrainedModel | str,
-        l_start: int,
-        l_end: int,
-        load_kwargs: dict[str, Any] | None = None,
-        gguf_file: str | None = None,
-        **config_kwargs: Any,
-    ) -> "T2MLRForCausalLM":
-        """Retrofit a pretrained decoder into T²MLR: a model object, or a source `t2mlr.model.pretrained`
-        resolves (hub id, local directory, GGUF file or a directory holding one, the shortcut
-        `smollm2-135m-instruct`); `gguf_file` names the GGUF file in a directory.
-
-        The fusion starts closed (γ = 0), so the new model's logits equal the base model's until
-        training opens the gates. A model object is wrapped, not copied: its modules become this
-        model's (no second copy of the weights), so training the retrofit changes them; pass
-        `copy.deepcopy(base)` to keep the original. `config_kwargs` are recurrence fields only. The
-        result is in the base model's train/eval mode.
-        """
-        check_known_names(config_kwargs, T2MLRConfig.recurrence_fields(), "T2MLRConfig field")
-        if isinstance(base, str):
-            base, _ = load_pretrained_base(base, gguf_file=gguf_file, with_tokenizer=False, **(load_kwargs or {}))
-        elif load_kwargs or gguf_file:
-            raise ValueError("load_kwargs and gguf_file apply only when `base` is a hub id or path")
-        config = T2MLRConfig.from_base(base.config, l_start=l_start, l_end=l_end, **config_kwargs)
-        return cls(config, base_model=base).train(base.training)
-
-    def save_pretrained(self, save_directory: str | Path, *args: Any, **kwargs: Any) -> None:
-        """`PreTrainedModel.save_pretrained`, plus the modules that let the directory load without
-        `import t2mlr` (`trust_remote_code=True`; see `t2mlr.model.remote_code`)."""
-        super().save_pretrained(save_directory, *args, **kwargs)
-        write_remote_code_modules(save_directory)
+    base_model_prefix = "model"
 
     def _init_weights(self, module: nn.Module) -> None:
+        """The fusion's linears ~ N(0, initializer_range × gate_init_scale) with γ = 0, the cache norm's gain
+        1; every other module as transformers initialises the base decoder's (its config's range)."""
         if isinstance(module, GatedFusion):
             std = getattr(self.config.base_config, "initializer_range", 0.02) * self.config.gate_init_scale
             module.reset_parameters(std)
@@ -139,6 +101,29 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, T2MLRGenerationMixin):
             nn.init.ones_(module.weight)
         else:
             super()._init_weights(module)
+
+
+def is_t2mlr(model: nn.Module) -> bool:
+    """The one test of "is this a T²MLR causal LM" (a wrapper such as DDP must be unwrapped first)."""
+    return isinstance(model, T2MLRForCausalLM)
+
+
+class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
+    """The T²MLR backbone: the base decoder's parts, the fusion Φ and the cache norm. See the module docstring."""
+
+    def __init__(self, config: T2MLRConfig, decoder: nn.Module | None = None) -> None:
+        """`decoder`: the base decoder's inner model (e.g. a `LlamaModel`) whose parts become this model's;
+        None builds a fresh one from `config.base_config`."""
+        config.validate_recurrence()  # first: PreTrainedModel.__init__ reads the base config it needs
+        super().__init__(config)
+        if decoder is None:
+            decoder = AutoModel.from_config(config.base_config, attn_implementation=config._attn_implementation)
+        self.adopt_decoder_parts(decoder)
+        d = config.hidden_size
+        self.fusion = GatedFusion(d)
+        self.cache_norm = CacheNorm(d, getattr(config.base_config, "rms_norm_eps", 1e-6)) if config.cache_residual else None
+        self.post_init()
+        follow_placement(self.embed_tokens.weight, (self.fusion, self.cache_norm))
 
     # ----------------------------------------------------------------------------- the three parts
     def middle_layer_indices(self) -> range:
@@ -168,9 +153,7 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, T2MLRGenerationMixin):
         position_ids: torch.LongTensor | None = None,
         past_key_values: T2MLRCache | T2MLRStaticCache | None = None,
         inputs_embeds: torch.Tensor | None = None,
-        labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
-        logits_to_keep: int | torch.Tensor = 0,
         recurrence: str | None = None,
         d_forward: int | None = None,
         d_backward: int | None = None,
@@ -181,12 +164,14 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, T2MLRGenerationMixin):
         exact_states: bool = False,
         bptt_window: int | None = None,
         output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
         **kwargs: Any,
-    ) -> T2MLRCausalLMOutput:
-        """Causal-LM forward. `recurrence` picks the path ("exact", "jacobi", "off"; None = the config's
-        path for the current train/eval mode); `d_forward`, `d_backward`, `jacobi_tol` and `bptt_window`
-        override the config's settings for this call (each is used by its path only). Labels are standard
-        causal-LM labels (shifted inside, -100 ignored).
+    ) -> T2MLRModelOutput:
+        """The backbone's forward: the hidden states after the final norm (`last_hidden_state`).
+
+        `recurrence` picks the path ("exact", "jacobi", "off"; None = the config's path for the current
+        train/eval mode); `d_forward`, `d_backward`, `jacobi_tol` and `bptt_window` override the config's
+        settings for this call (each is used by its path only).
 
         `initial_states` (batch, seq, hidden): R after every token of the chunk, e.g. the exact states a
         rollout computed (`generate(..., output_recurrent_states=True)`); the Jacobi path starts from them
@@ -197,14 +182,18 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, T2MLRGenerationMixin):
         With states that are not exact (stale ones from an earlier epoch) leave it False: the iterates then
         move, and only the iterated path is right.
         `output_hidden_states=True` returns every block's output in transformers' convention
-        (embeddings, blocks 1..L-1, the final norm of block L), on every path."""
+        (embeddings, blocks 1..L-1, the final norm of block L), on every path. Other keyword arguments
+        transformers' tools pass to a backbone (TRL's `logits_to_keep`) are accepted and unused, as
+        `LlamaModel` does; `output_attentions=True` is refused (the attention weights are not kept)."""
+        if output_attentions:
+            raise ValueError("output_attentions=True is not supported by T²MLR (the attention weights are not kept)")
         path = self.forward_path(
             recurrence, d_forward=d_forward, d_backward=d_backward, jacobi_tol=jacobi_tol, bptt_window=bptt_window
         )
         cache = checks.checked_cache(past_key_values, use_cache)
         past = checks.cached_length(cache)
         layout, attention_mask = checks.checked_chunk(
-            input_ids, inputs_embeds, attention_mask, position_ids, labels, cache, self.config.hidden_size,
+            input_ids, inputs_embeds, attention_mask, position_ids, cache, self.config.hidden_size,
             self.config.vocab_size, getattr(self.config.base_config, "max_position_embeddings", None), document_ids,
             reads_states=path.recurrence != "off",
         )
@@ -213,8 +202,8 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, T2MLRGenerationMixin):
         initial_states = checks.checked_initial_states(
             initial_states, path.recurrence, batch, length, self.config.hidden_size, exact_states
         )
-        hidden = inputs_embeds if input_ids is None else self.base.model.embed_tokens(input_ids)
-        inputs = layer_inputs(self.config.base_config, self.base.model.rotary_emb, hidden, attention_mask, layout, cache)
+        hidden = inputs_embeds if input_ids is None else self.embed_tokens(input_ids)
+        inputs = self.chunk_inputs(hidden, attention_mask, layout, cache)
         wanted = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
         record = [hidden] if wanted else None
 
@@ -222,13 +211,11 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, T2MLRGenerationMixin):
         hidden, r_out, iterations = self._middle(
             path, hidden, inputs, layout, recurrence_mask, past, initial_states, exact_states, record
         )
-        hidden = self._run_layers(self.suffix_layer_indices(), hidden, inputs, record)
+        hidden = self.norm(self._run_layers(self.suffix_layer_indices(), hidden, inputs, record))
         if record is not None:
-            record[-1] = self.base.model.norm(hidden)  # transformers' convention: the last entry is normed
-        logits, loss = self.head_and_loss(hidden, labels, logits_to_keep, **kwargs)
-        return T2MLRCausalLMOutput(
-            loss=loss,
-            logits=logits,
+            record[-1] = hidden  # transformers' convention: the last entry is normed
+        return T2MLRModelOutput(
+            last_hidden_state=hidden,
             past_key_values=cache,
             hidden_states=None if record is None else tuple(record),
             recurrent_state=None if r_out is None else _last_state(r_out),
@@ -321,7 +308,8 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, T2MLRGenerationMixin):
             token_mask = None if recurrence_mask is None else recurrence_mask[:, t : t + 1]
             hidden = self._fuse(h_low[:, t : t + 1], r_read[:, None], token_mask)
             for i in middle:
-                hidden = self.layers[i](
+                hidden = call_block(
+                    self.layers[i],
                     hidden,
                     attention_mask=inputs.masks[i] if decode_step else step_mask(inputs.masks[i], t, cache, i, offsets[i]),
                     position_ids=inputs.position_ids[:, t : t + 1],
@@ -432,6 +420,118 @@ class T2MLRForCausalLM(T2MLRPreTrainedModel, T2MLRGenerationMixin):
         h_end = self._run_layers(middle, self._fuse(h_low, r_read, recurrence_mask), inputs, record)
         r_out = gather_states(self._write_state(h_end, r_read, layout.real), r_in, latest_real)
         return h_end, r_out, iterations
+
+
+class T2MLRForCausalLM(LMHeadOverBackbone, T2MLRPreTrainedModel, T2MLRGenerationMixin):
+    """T²MLR causal LM: the backbone `T2MLRModel` (`self.model`) and the base decoder's LM head (`self.lm_head`)."""
+
+    def __init__(self, config: T2MLRConfig, base_model: PreTrainedModel | None = None) -> None:
+        """`base_model`: a base `*ForCausalLM` whose parts this model adopts (no copy); None builds a fresh one."""
+        config.validate_recurrence()  # first: PreTrainedModel.__init__ reads the base config it needs
+        super().__init__(config)
+        decoder = base_decoder(config.base_config, config._attn_implementation, base_model, "T²MLR")
+        self.model = T2MLRModel(config, decoder=decoder.model)
+        self.lm_head = decoder.lm_head
+        self.post_init()
+
+    @classmethod
+    def from_base(
+        cls,
+        base: PreTrainedModel | str,
+        l_start: int,
+        l_end: int,
+        load_kwargs: dict[str, Any] | None = None,
+        gguf_file: str | None = None,
+        **config_kwargs: Any,
+    ) -> "T2MLRForCausalLM":
+        """Retrofit a pretrained decoder into T²MLR: a model object, or a source `t2mlr.model.pretrained`
+        resolves (hub id, local directory, GGUF file or a directory holding one, the shortcut
+        `smollm2-135m-instruct`); `gguf_file` names the GGUF file in a directory.
+
+        The fusion starts closed (γ = 0), so the new model's logits equal the base model's until
+        training opens the gates. A model object is adopted, not copied: its modules become this
+        model's (no second copy of the weights), so training the retrofit changes them; pass
+        `copy.deepcopy(base)` to keep the original. `config_kwargs` are recurrence fields only. The
+        result is in the base model's train/eval mode.
+        """
+        check_known_names(config_kwargs, T2MLRConfig.recurrence_fields(), "T2MLRConfig field")
+        if isinstance(base, str):
+            base, _ = load_pretrained_base(base, gguf_file=gguf_file, with_tokenizer=False, **(load_kwargs or {}))
+        elif load_kwargs or gguf_file:
+            raise ValueError("load_kwargs and gguf_file apply only when `base` is a hub id or path")
+        config = T2MLRConfig.from_base(base.config, l_start=l_start, l_end=l_end, **config_kwargs)
+        return cls(config, base_model=base).train(base.training)
+
+    def save_pretrained(self, save_directory: str | Path, *args: Any, **kwargs: Any) -> None:
+        """`PreTrainedModel.save_pretrained`, plus the modules that let the directory load without
+        `import t2mlr` (`trust_remote_code=True`; see `t2mlr.model.remote_code`)."""
+        super().save_pretrained(save_directory, *args, **kwargs)
+        write_remote_code_modules(save_directory)
+
+    @property
+    def fusion(self) -> GatedFusion:
+        """The fusion Φ (its gates `fusion.gamma_cur`, `fusion.gamma_rec`), which lives in the backbone."""
+        return self.model.fusion
+
+    def forward_path(self, recurrence: str | None = None, **overrides: Any) -> ForwardPath:
+        """The path a call with these arguments takes in the current train/eval mode (see T2MLRConfig)."""
+        return self.config.forward_path(self.training, recurrence, **overrides)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: T2MLRCache | T2MLRStaticCache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        recurrence: str | None = None,
+        d_forward: int | None = None,
+        d_backward: int | None = None,
+        jacobi_tol: float | None = None,
+        recurrence_mask: torch.Tensor | None = None,
+        document_ids: torch.Tensor | None = None,
+        initial_states: torch.Tensor | None = None,
+        exact_states: bool = False,
+        bptt_window: int | None = None,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        **loss_kwargs: Any,
+    ) -> T2MLRCausalLMOutput:
+        """Causal-LM forward: the backbone (`T2MLRModel.forward`, where every recurrence argument is
+        described), then the LM head at the kept positions. Labels are standard causal-LM labels (shifted
+        inside, -100 ignored); `loss_kwargs` (e.g. the Trainer's `num_items_in_batch`) go to the loss."""
+        checks.checked_labels(labels, input_ids, inputs_embeds, self.config.vocab_size)
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            recurrence=recurrence,
+            d_forward=d_forward,
+            d_backward=d_backward,
+            jacobi_tol=jacobi_tol,
+            recurrence_mask=recurrence_mask,
+            document_ids=document_ids,
+            initial_states=initial_states,
+            exact_states=exact_states,
+            bptt_window=bptt_window,
+            output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
+        )
+        logits, loss = self.logits_and_loss(out.last_hidden_state, labels, logits_to_keep, **loss_kwargs)
+        return T2MLRCausalLMOutput(
+            loss=loss,
+            logits=logits,
+            past_key_values=out.past_key_values,
+            hidden_states=out.hidden_states,
+            recurrent_state=out.recurrent_state,
+            jacobi_iterations=out.jacobi_iterations,
+        )
 
 
 def _settle_on_device(

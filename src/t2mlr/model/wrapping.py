@@ -1,10 +1,19 @@
-"""What every model that drives a wrapped Hugging Face decoder shares: T²MLR here, and the looped and
-pause-token baselines of `t2mlr.baselines`.
+"""What every model that runs a Hugging Face decoder's parts in an order of its own shares: T²MLR here,
+and the looped and pause-token baselines of `t2mlr.baselines`.
 
-Such a model holds a `*ForCausalLM` (Llama, Mistral, Qwen2, Qwen3) as `self.base` and runs its
-embedding, decoder blocks, rotary embedding, final norm and LM head in an order of its own. Wrapping a
-pretrained decoder must neither copy its weights nor re-initialise them, and the blocks a model runs
-several times per step are the ones worth checkpointing; both are written once, here.
+Such a model is laid out as every transformers causal LM is: a backbone (`T2MLRModel`, `LoopedModel`,
+`PauseModel`) under `model.`, holding the base decoder's embedding, blocks, final norm and rotary
+embedding under their usual names (`DecoderBackbone`), and the LM head beside it (`LMHeadOverBackbone`).
+The backbone returns the hidden states after the final norm (`last_hidden_state`), so tools that score
+tokens through `model.base_model` and `get_output_embeddings()` (TRL's fused heads, PEFT, lm-eval) see
+what they see in a `LlamaForCausalLM`, and a Llama-family checkpoint's tensors keep their names.
+
+The parts come from a base `*ForCausalLM` (Llama, Mistral, Qwen2, Qwen3): a pretrained one is adopted,
+neither copied nor re-initialised; otherwise a fresh one is built from the base config. The blocks a
+model runs several times per step are the ones worth checkpointing. A block call that writes a KV
+cache is never checkpointed: its recomputation in backward would write the cache a second time, and
+transformers' checkpointing layer avoids that by dropping the cache, which would silently break the
+exact path's token loop. All of this is written once, here.
 """
 
 from __future__ import annotations
@@ -16,10 +25,13 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+from transformers.modeling_layers import GradientCheckpointingLayer
 
-from .layout import LayerInputs
+from .checkpoint_keys import LEGACY_KEY_MAPPING
+from .layout import LayerInputs, TokenLayout, layer_inputs
 
 WRAPPABLE_PARTS = ("model.embed_tokens", "model.layers", "model.norm", "model.rotary_emb", "lm_head")
+DECODER_PARTS = ("embed_tokens", "layers", "norm", "rotary_emb")
 
 
 def check_wrappable(base: nn.Module, model_name: str = "T²MLR") -> None:
@@ -43,11 +55,11 @@ def keep_initialised(base_model: PreTrainedModel) -> None:
         module._is_hf_initialized = True
 
 
-def wrapped_base(
+def base_decoder(
     base_config: PretrainedConfig, attn_implementation: str | None, base_model: PreTrainedModel | None, model_name: str
 ) -> PreTrainedModel:
-    """The decoder a wrapper drives: `base_model` as it is (marked initialised, not copied), or a fresh
-    one built from `base_config`; checked to expose the parts the wrapper runs."""
+    """The `*ForCausalLM` whose parts a wrapper adopts: `base_model` as it is (marked initialised, not
+    copied), or a fresh one built from `base_config`; checked to expose the parts the wrapper runs."""
     if base_model is None:
         base_model = AutoModelForCausalLM.from_config(base_config, attn_implementation=attn_implementation)
     else:
@@ -56,9 +68,8 @@ def wrapped_base(
     return base_model
 
 
-def follow_base_placement(base_model: PreTrainedModel, modules: Iterable[nn.Module | None]) -> None:
-    """Move a wrapper's own new modules to the device and dtype of the base model's embedding."""
-    reference = base_model.model.embed_tokens.weight
+def follow_placement(reference: torch.Tensor, modules: Iterable[nn.Module | None]) -> None:
+    """Move a wrapper's own new modules to the device and dtype of `reference` (the embedding's weight)."""
     for module in modules:
         if module is not None:
             module.to(device=reference.device, dtype=reference.dtype)
@@ -72,49 +83,64 @@ def checkpoint_blocks(layers: nn.ModuleList, indices: Iterable[int], enabled: bo
         layers[i]._gradient_checkpointing_func = lambda fn, *a: checkpoint(fn, *a, use_reentrant=False)
 
 
+def call_block(layer: nn.Module, hidden: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+    """One decoder-layer call; checkpointed (when enabled and training) only if it writes no KV cache."""
+    if kwargs.get("past_key_values") is not None and isinstance(layer, GradientCheckpointingLayer):
+        return nn.Module.__call__(layer, hidden, **kwargs)  # hooks run; the checkpointing wrapper does not
+    return layer(hidden, **kwargs)
+
+
 def logits_positions(logits_to_keep: int | torch.Tensor) -> slice | torch.Tensor:
     """Which positions get logits: the last `n` (0 = all) or explicit indices, as in transformers."""
     return slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
 
 
-class WrapsBaseDecoder:
-    """Mixin of a `PreTrainedModel` that holds its decoder as `self.base` (list it before PreTrainedModel).
+class RunsBaseDecoder:
+    """What transformers asks of a model about its blocks: the attention backends and device-map splits of
+    the base decoders it runs, and gradient checkpointing (of the blocks, see `call_block`)."""
 
-    Embedding accessors and weight initialisation go to the base model; the attention backends and
-    device-map splits are the base decoder's; `run_block` calls one decoder block with a chunk's shared
-    inputs; `head_and_loss` ends a forward the way the base model would.
-    """
-
-    base: PreTrainedModel
     supports_gradient_checkpointing = True
     _supports_sdpa = True
     _supports_flash_attn = True
     _supports_attention_backend = True
-    _no_split_modules = ["LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer"]
+    _no_split_modules = ["LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer"]  # noqa: RUF012
+
+
+class DecoderBackbone(RunsBaseDecoder):
+    """Mixin of a backbone `PreTrainedModel` (list it before PreTrainedModel) that holds a base decoder's
+    parts as its own `embed_tokens`, `layers`, `norm` and `rotary_emb`.
+
+    `adopt_decoder_parts` takes them from a base decoder's inner model; `run_block` calls one block
+    with a chunk's shared inputs; `chunk_inputs` builds those inputs (masks, rotary embeddings).
+    """
+
+    embed_tokens: nn.Embedding
+    layers: nn.ModuleList
+    norm: nn.Module
+    rotary_emb: nn.Module
+
+    def adopt_decoder_parts(self, decoder: nn.Module) -> None:
+        """Make the inner model's (e.g. a `LlamaModel`'s) embedding, blocks, norm and rotary embedding ours."""
+        for name in DECODER_PARTS:
+            setattr(self, name, getattr(decoder, name))
 
     def get_input_embeddings(self) -> nn.Module:
-        return self.base.get_input_embeddings()
+        return self.embed_tokens
 
     def set_input_embeddings(self, value: nn.Module) -> None:
-        self.base.set_input_embeddings(value)
+        self.embed_tokens = value
 
-    def get_output_embeddings(self) -> nn.Module:
-        return self.base.get_output_embeddings()
-
-    @property
-    def layers(self) -> nn.ModuleList:
-        """The base model's decoder blocks."""
-        return self.base.model.layers
-
-    def _init_weights(self, module: nn.Module) -> None:
-        """New modules are initialised the way the base model initialises its own."""
-        if hasattr(self, "base"):
-            self.base._init_weights(module)
+    def chunk_inputs(
+        self, hidden: torch.Tensor, attention_mask: torch.Tensor | None, layout: TokenLayout, cache: Any
+    ) -> LayerInputs:
+        """Masks and rotary embeddings of a chunk, shared by every block call."""
+        return layer_inputs(self.config.base_config, self.rotary_emb, hidden, attention_mask, layout, cache)
 
     def run_block(self, index: int, hidden: torch.Tensor, inputs: LayerInputs, cache: Any = None) -> torch.Tensor:
         """Decoder block `index` (0-based) on the chunk; `cache` defaults to the chunk's own (None: none)."""
         cache = inputs.cache if cache is None else cache
-        return self.layers[index](
+        return call_block(
+            self.layers[index],
             hidden,
             attention_mask=inputs.masks[index],
             position_ids=inputs.position_ids,
@@ -123,15 +149,62 @@ class WrapsBaseDecoder:
             position_embeddings=inputs.position_embeddings,
         )
 
-    def head_and_loss(
+
+class LMHeadOverBackbone(RunsBaseDecoder):
+    """Mixin of a causal LM (list it before PreTrainedModel) that is a backbone under `model` plus `lm_head`.
+
+    Tying, the embedding accessors, the loss and the base decoder as a standalone model are written here
+    once; `from_pretrained` also reads checkpoints written before the backbone layout (0.1).
+    """
+
+    model: nn.Module
+    lm_head: nn.Module
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}  # noqa: RUF012  (transformers' API)
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        self.model.embed_tokens = value
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.lm_head
+
+    def set_output_embeddings(self, value: nn.Module) -> None:
+        self.lm_head = value
+
+    def get_decoder(self) -> nn.Module:
+        return self.model
+
+    def logits_and_loss(
         self, hidden: torch.Tensor, labels: torch.Tensor | None, logits_to_keep: int | torch.Tensor, **loss_kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Final norm and LM head at the kept positions, and the causal-LM loss (labels shifted inside,
-        -100 ignored) when labels are given."""
-        logits = self.base.lm_head(self.base.model.norm(hidden[:, logits_positions(logits_to_keep)]))
+        """The LM head at the kept positions of the backbone's (normed) output, and the causal-LM loss
+        (labels shifted inside, -100 ignored) when labels are given."""
+        logits = self.lm_head(hidden[:, logits_positions(logits_to_keep)])
         loss = None
         if labels is not None:
-            loss = self.base.loss_function(
-                logits=logits, labels=labels, vocab_size=self.base.config.vocab_size, **loss_kwargs
-            )
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **loss_kwargs)
         return logits, loss
+
+    def base_decoder(self) -> PreTrainedModel:
+        """The base decoder as a standalone `*ForCausalLM` (e.g. a `LlamaForCausalLM`) sharing this model's
+        embedding, blocks, norm and head (no copy): what this model computes without its own additions."""
+        with torch.device("meta"):
+            decoder = AutoModelForCausalLM.from_config(
+                self.config.base_config, attn_implementation=self.config._attn_implementation
+            )
+        for name in DECODER_PARTS:
+            setattr(decoder.model, name, getattr(self.model, name))
+        decoder.lm_head = self.lm_head
+        return decoder.train(self.training)
+
+    @classmethod
+    def from_pretrained(cls, *args: Any, **kwargs: Any) -> Any:
+        """`PreTrainedModel.from_pretrained`, also for checkpoints in the 0.1 layout (`checkpoint_keys`):
+        their tensor names are mapped on load, and the model saves in today's layout."""
+        kwargs["key_mapping"] = {**LEGACY_KEY_MAPPING, **(kwargs.get("key_mapping") or {})}
+        loaded = super().from_pretrained(*args, **kwargs)
+        model = loaded[0] if isinstance(loaded, tuple) else loaded
+        model._weight_conversions = None  # transformers would save with the legacy names otherwise
+        return loaded

@@ -86,9 +86,10 @@ def _build_t2mlr(
 
 
 def _t2mlr_checkpointing_refusal(settings: dict[str, Any]) -> str | None:
-    if settings.get("train_recurrence") == "exact":
-        return ("it checkpoints the T²MLR middle block and needs train_recurrence=jacobi: the exact path carries a "
-                "KV cache through the middle block, which recomputation would append to twice")
+    if settings.get("train_recurrence") == "exact" and settings.get("bptt_window") is None:
+        return ("it checkpoints the T²MLR middle block, which the exact path runs token by token with a KV cache "
+                "that a recomputation cannot replay (so nothing would be saved): use train_recurrence=jacobi, or "
+                "model.bptt_window, whose replay pass over the whole chunk is checkpointed")
     return None
 
 
@@ -114,12 +115,12 @@ ARCHITECTURES: dict[str, Architecture] = {
         "t2mlr", "T²MLR around the base decoder (settings: the T2MLRConfig fields)",
         T2MLRConfig.recurrence_fields, _check_t2mlr, _build_t2mlr, recurrent=True,
         checkpointing_refusal=_t2mlr_checkpointing_refusal,
-        enable_checkpointing=lambda model: model.set_middle_checkpointing(True),
+        enable_checkpointing=lambda model: model.model.set_middle_checkpointing(True),
     ),
     "looped": _wrapper_architecture(
         "looped", "looped Transformer: blocks loop_blocks ('full' or 'S-E') run `loops` times (LoopedConfig fields)",
         LoopedForCausalLM, checkpointing_refusal=lambda settings: None,
-        enable_checkpointing=lambda model: model.set_loop_checkpointing(True),
+        enable_checkpointing=lambda model: model.model.set_loop_checkpointing(True),
     ),
     "pause": _wrapper_architecture(
         "pause", "pause tokens: `pauses` after every real token, pauses: 1 is ×2 (PauseConfig fields)",

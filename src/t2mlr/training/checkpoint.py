@@ -43,6 +43,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from t2mlr.model.checkpoint_keys import current_key
 from t2mlr.training.distributed import DistEnv, barrier, broadcast_object
 
 log = logging.getLogger(__name__)
@@ -216,15 +217,26 @@ def save_weights(state: dict[str, torch.Tensor], path: Path) -> None:
 
 
 def load_weights(path: Path) -> dict[str, torch.Tensor]:
-    """Load weights written by `save_weights`, restoring aliased names."""
+    """Load weights written by `save_weights`, restoring aliased names; names of the 0.1 layout are
+    renamed to today's (`t2mlr.model.checkpoint_keys`), so older runs resume."""
     state: dict[str, torch.Tensor] = {}
     with safe_open(str(path), framework="pt") as handle:
         aliases = json.loads((handle.metadata() or {}).get(ALIAS_KEY, "{}"))
         for name in handle.keys():
-            state[name] = handle.get_tensor(name)
+            state[current_key(name)] = handle.get_tensor(name)
     for alias, target in aliases.items():
-        state[alias] = state[target]
+        state[current_key(alias)] = state[current_key(target)]
     return state
+
+
+def with_current_names(optimizer_state: dict[str, Any]) -> dict[str, Any]:
+    """A full optimizer state dict (keyed by parameter names) with names of the 0.1 layout renamed."""
+    return {
+        "state": {current_key(name): value for name, value in optimizer_state["state"].items()},
+        "param_groups": [
+            {**group, "params": [current_key(name) for name in group["params"]]} for group in optimizer_state["param_groups"]
+        ],
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -457,7 +469,7 @@ class CheckpointManager:
         bundle = _read(path / OPTIM_FILE, lambda p: torch.load(p, map_location="cpu", weights_only=True))
         rng = _read(path / "rng" / f"rank_{self.env.rank:05d}.pt", lambda p: torch.load(p, weights_only=True))
         load_full_model_state(model, weights)
-        load_full_optimizer_state(model, optimizer, bundle["optimizer"])
+        load_full_optimizer_state(model, optimizer, with_current_names(bundle["optimizer"]))
         scheduler.load_state_dict(bundle["scheduler"])
         restore_rng(rng)
         return state

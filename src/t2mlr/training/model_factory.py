@@ -22,7 +22,6 @@ from t2mlr.baselines import LoopedForCausalLM
 from t2mlr.model import is_t2mlr
 from t2mlr.model.configuration import build_base_config
 from t2mlr.model.pretrained import load_pretrained_base, load_pretrained_config
-from t2mlr.model.wrapping import WrapsBaseDecoder
 from t2mlr.training.architectures import get_architecture
 from t2mlr.training.config import ModelConfig
 
@@ -79,16 +78,16 @@ def load_initial_weights(model: nn.Module, path: Path) -> None:
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The decoder layers in order (a wrapper's — T²MLR, looped, pause — are its base model's; plain HF
-    models and the LSTM: model.model.layers)."""
-    return list(model.layers if isinstance(model, WrapsBaseDecoder) else model.model.layers)
+    """The decoder layers in order: every model here is a backbone with its blocks plus a head (T²MLR, the
+    looped and pause baselines, plain HF models, the LSTM), so they are `model.model.layers`."""
+    return list(model.model.layers)
 
 
 def repeated_block_indices(model: nn.Module) -> set[int]:
     """0-based indices of the blocks that run several times per step: T²MLR's middle block, a looped
     model's looped blocks (empty for any other model)."""
     if is_t2mlr(model):
-        return set(model.middle_layer_indices())
+        return set(model.model.middle_layer_indices())
     if isinstance(model, LoopedForCausalLM) and model.config.loops > 1:
         return set(model.config.looped_indices())
     return set()

@@ -46,6 +46,7 @@ def retrofit_to_directory(
     T2MLRConfig.from_base(load_pretrained_config(resolved), l_start=l_start, l_end=l_end, **recurrence)  # checks only
     start = time.perf_counter()
     base, tokenizer = load_pretrained_base(resolved)
+    base_parameters = sum(p.numel() for p in base.parameters())
     model = T2MLRForCausalLM.from_base(base, l_start, l_end, **recurrence)
     staging = out.with_name(out.name + ".tmp")
     shutil.rmtree(staging, ignore_errors=True)
@@ -57,7 +58,7 @@ def retrofit_to_directory(
         "source": source,
         "layers": model.config.num_layers,
         "parameters": sum(p.numel() for p in model.parameters()),
-        "new_parameters": sum(p.numel() for name, p in model.named_parameters() if not name.startswith("base.")),
+        "new_parameters": sum(p.numel() for p in model.parameters()) - base_parameters,
         "seconds": time.perf_counter() - start,
     }
 

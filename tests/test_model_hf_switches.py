@@ -1,0 +1,72 @@
+"""transformers' own switches never make T²MLR compute something else silently: gradient checkpointing
+(`gradient_checkpointing_enable()`, which TRL turns on) leaves every training path's loss and gradients as
+they are, padded batches included, and `generate()` decodes the config's evaluation path (exact) whether
+the model is in train or eval mode."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import random_ids, tiny_model
+
+PATHS = [
+    {"recurrence": "exact"},
+    {"recurrence": "exact", "bptt_window": 2},
+    {"recurrence": "jacobi", "d_forward": 4, "d_backward": 2},
+]
+
+
+def _loss_and_grads(model, ids, mask, path) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    model.zero_grad()
+    labels = ids.masked_fill(mask == 0, -100)
+    loss = model(ids, attention_mask=mask, labels=labels, **path).loss
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("path", PATHS, ids=["exact", "exact-bptt2", "jacobi-4-2"])
+def test_gradient_checkpointing_changes_neither_loss_nor_gradients(path: dict) -> None:
+    model = tiny_model(l_start=2, l_end=4).train()
+    ids = random_ids(3, 9)
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0  # left padding
+    mask[2, -2:] = 0  # right padding
+    loss, grads = _loss_and_grads(model, ids, mask, path)
+    model.gradient_checkpointing_enable()
+    assert all(layer.gradient_checkpointing for layer in model.model.layers)
+    checkpointed_loss, checkpointed = _loss_and_grads(model, ids, mask, path)
+    torch.testing.assert_close(checkpointed_loss, loss, rtol=0, atol=1e-12)
+    assert checkpointed.keys() == grads.keys() and "model.fusion.w_rec.weight" in grads
+    for name, grad in grads.items():
+        torch.testing.assert_close(checkpointed[name], grad, rtol=0, atol=1e-10, msg=name)
+
+
+def test_gradient_checkpointing_recomputes_the_blocks_it_may(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not a no-op: the prefix, suffix and Jacobi passes (no KV cache) run again in backward."""
+    model = tiny_model(l_start=2, l_end=4).train()
+    mlp, calls = model.model.layers[0].mlp, []
+    forward = mlp.forward
+    monkeypatch.setattr(mlp, "forward", lambda *a, **k: calls.append(1) or forward(*a, **k))
+    ids = random_ids(2, 6)
+    model(ids, labels=ids, recurrence="jacobi", d_forward=2, d_backward=1).loss.backward()
+    plain = len(calls)
+    model.gradient_checkpointing_enable()
+    calls.clear()
+    model(ids, labels=ids, recurrence="jacobi", d_forward=2, d_backward=1).loss.backward()
+    assert (plain, len(calls)) == (1, 2)
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_generate_in_train_mode_decodes_the_exact_path(checkpointing: bool) -> None:
+    model = tiny_model(l_start=2, l_end=4, d_forward=2, d_backward=1)  # Jacobi at depth 2 is far from exact
+    prompt = random_ids(2, 12)
+    settings = {"max_new_tokens": 6, "do_sample": False, "output_scores": True, "return_dict_in_generate": True}
+    with torch.no_grad():
+        reference = model.eval().generate(prompt, **settings)
+        if checkpointing:
+            model.gradient_checkpointing_enable()
+        in_train = model.train().generate(prompt, **settings)
+        jacobi = model.train().generate(prompt, prefill="jacobi", **settings)
+    assert torch.equal(in_train.sequences, reference.sequences)
+    torch.testing.assert_close(in_train.scores[0], reference.scores[0], rtol=0, atol=1e-10)
+    assert (jacobi.scores[0] - reference.scores[0]).abs().max() > 1e-4  # asked for, Jacobi still differs
