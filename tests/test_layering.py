@@ -1,6 +1,6 @@
 """The package's layers import only downward:
 
-    utils → model → (tasks, generation, corpus) → baselines → (training, evaluation) → analysis
+    utils → model → auto_registration → (tasks, generation, corpus) → baselines → (training, evaluation) → analysis
           → experiments → cli
 
 A module may import its own subpackage and any lower layer, never a higher one or a sibling on its own
@@ -17,6 +17,7 @@ PACKAGE = Path(t2mlr.__file__).resolve().parent
 LAYERS = {
     "utils": 0,
     "model": 1,
+    "auto_registration": 1.4,  # registers the model's config with the Auto classes once transformers loads them
     "__init__": 1.5,  # the package root re-exports the model and registers it with the Auto classes
     "tasks": 2, "generation": 2, "corpus": 2,
     "baselines": 3,

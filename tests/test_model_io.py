@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -133,3 +136,49 @@ def test_a_0_1_0_checkpoint_resaves_in_the_backbone_layout(tmp_path: Path) -> No
     ids = torch.load(fixture / "expected_outputs.pt")["input_ids"]
     with torch.no_grad():
         assert torch.equal(reloaded(ids, recurrence="exact").logits, model(ids, recurrence="exact").logits)
+
+
+def _load_in_fresh_process(directory: Path, code: str) -> subprocess.CompletedProcess:
+    """Run `code` (with DIR bound to `directory`) in a new interpreter, as a user's script would."""
+    probe = f"from pathlib import Path\nDIR = Path({str(directory)!r})\n{code}"
+    return subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def saved_tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("saved") / "tiny"
+    tiny_model().save_pretrained(directory)
+    return directory
+
+
+def test_after_a_bare_import_the_auto_classes_load_without_remote_code(saved_tiny: Path, tmp_path: Path) -> None:
+    """`import t2mlr` (which imports neither torch nor transformers) is enough for AutoConfig, AutoModel
+    and AutoModelForCausalLM: the directory's remote-code modules are removed, so nothing else could help."""
+    bare = tmp_path / "bare"
+    shutil.copytree(saved_tiny, bare)
+    for module in bare.glob("*_t2mlr.py"):
+        module.unlink()
+    out = _load_in_fresh_process(bare, (
+        "import sys\nimport t2mlr\nprint('LOADED', sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
+        "from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, LlamaForCausalLM\n"
+        "print(type(AutoConfig.from_pretrained(DIR)).__name__, type(AutoModel.from_pretrained(DIR)).__name__,\n"
+        "      type(AutoModelForCausalLM.from_pretrained(DIR)).__name__)\n"
+    ))
+    assert out.returncode == 0, out.stderr
+    assert "LOADED []" in out.stdout and "T2MLRConfig T2MLRModel T2MLRForCausalLM" in out.stdout
+    without = _load_in_fresh_process(bare, "from transformers import AutoModelForCausalLM\nAutoModelForCausalLM.from_pretrained(DIR)")
+    assert without.returncode != 0 and "trust_remote_code" in without.stderr  # the import is what registered it
+
+
+def test_without_the_import_trust_remote_code_loads_the_same_model(saved_tiny: Path) -> None:
+    out = _load_in_fresh_process(saved_tiny, (
+        "import sys, torch\nfrom transformers import AutoModelForCausalLM\n"
+        "model = AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)\n"
+        "print(type(model).__module__, 't2mlr' in sys.modules)\n"
+        "print(model(torch.arange(3, 9)[None], recurrence='exact').logits.double().sum().item())\n"
+    ))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[1] == "True"  # the saved modules import the installed package
+    with torch.no_grad():
+        expected = AutoModelForCausalLM.from_pretrained(saved_tiny)(torch.arange(3, 9)[None], recurrence="exact")
+    assert float(out.stdout.split()[-1]) == pytest.approx(expected.logits.double().sum().item(), abs=1e-9)

@@ -1,41 +1,40 @@
 """The T²MLR model, in dependency order: the fusion Φ and cache norm (`fusion`), the recurrent cache
 (`cache`), the token layout and masks (`layout`), the input checks (`checks`), the config and the
 forward-path decision (`configuration`), generation plumbing (`generation`), what every model over a
-Hugging Face decoder's parts shares (`wrapping`; the looped and pause-token baselines use it too) and the model
-itself (`modeling`). `shapes` names the published base-model shapes the paper uses.
+Hugging Face decoder's parts shares (`wrapping`; the looped and pause-token baselines use it too), the
+names of saved tensors across versions (`checkpoint_keys`) and the model itself (`modeling`). `shapes`
+names the published base-model shapes the paper uses.
 
-Importing this package registers the `t2mlr` model type with `AutoConfig` and `AutoModelForCausalLM`,
-so `AutoModelForCausalLM.from_pretrained(dir)` loads saved T²MLR models."""
+The names below load on first use, so importing the config alone stays light. Importing the model
+(`t2mlr.model.modeling`, or any model class from here) registers the `t2mlr` model type with
+`AutoConfig`, `AutoModel` and `AutoModelForCausalLM`; a bare `import t2mlr` arranges the same as soon as
+transformers loads its Auto classes (`t2mlr.auto_registration`)."""
 
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+from __future__ import annotations
 
-from .cache import T2MLRCache, T2MLRStaticCache
-from .configuration import ForwardPath, T2MLRConfig
-from .fusion import CacheNorm, GatedFusion
-from .modeling import (
-    T2MLRCausalLMOutput,
-    T2MLRForCausalLM,
-    T2MLRModel,
-    T2MLRModelOutput,
-    T2MLRPreTrainedModel,
-    is_t2mlr,
-)
+import importlib
+from typing import Any
 
-AutoConfig.register(T2MLRConfig.model_type, T2MLRConfig, exist_ok=True)
-AutoModel.register(T2MLRConfig, T2MLRModel, exist_ok=True)
-AutoModelForCausalLM.register(T2MLRConfig, T2MLRForCausalLM, exist_ok=True)
+_HOMES = {
+    "CacheNorm": "fusion",
+    "GatedFusion": "fusion",
+    "T2MLRCache": "cache",
+    "T2MLRStaticCache": "cache",
+    "ForwardPath": "configuration",
+    "T2MLRConfig": "configuration",
+    "T2MLRCausalLMOutput": "modeling",
+    "T2MLRForCausalLM": "modeling",
+    "T2MLRModel": "modeling",
+    "T2MLRModelOutput": "modeling",
+    "T2MLRPreTrainedModel": "modeling",
+    "is_t2mlr": "modeling",
+}
 
-__all__ = [
-    "CacheNorm",
-    "ForwardPath",
-    "GatedFusion",
-    "T2MLRCache",
-    "T2MLRCausalLMOutput",
-    "T2MLRConfig",
-    "T2MLRForCausalLM",
-    "T2MLRModel",
-    "T2MLRModelOutput",
-    "T2MLRPreTrainedModel",
-    "T2MLRStaticCache",
-    "is_t2mlr",
-]
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    """Load a name's module on first access (PEP 562)."""
+    if name in _HOMES:
+        return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,6 +14,8 @@ name, a Jacobi depth or a tolerance is written once, in this module.
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import sys
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -154,6 +156,15 @@ def inherit_base_fields(base_config: PretrainedConfig | None, kwargs: dict[str, 
         kwargs.setdefault(name, getattr(base_config, name, None))
 
 
+def _register_models_once() -> None:
+    """A T²MLR config read or built means a T²MLR model may be asked of the Auto classes next
+    (`AutoModelForCausalLM.from_pretrained` reads the config first): make sure the model classes are
+    registered. A bare `import t2mlr` registers only this config with AutoConfig, because that happens
+    while transformers is still importing itself (`t2mlr.auto_registration`)."""
+    if "t2mlr.model.modeling" not in sys.modules:
+        importlib.import_module("t2mlr.model.modeling")
+
+
 # ---------------------------------------------------------------------------------------------- forward path
 
 
@@ -264,6 +275,7 @@ class T2MLRConfig(WrapsBaseConfig, PretrainedConfig):
         super().__init__(**kwargs)
         if self.base_config is not None:
             self.validate_recurrence()
+        _register_models_once()
 
     @classmethod
     def recurrence_fields(cls) -> dict[str, Field]:
@@ -330,3 +342,6 @@ class T2MLRConfig(WrapsBaseConfig, PretrainedConfig):
             check_depths(path.d_forward, path.d_backward)
             check_jacobi_tol(path.jacobi_tol)
         return path
+
+
+AutoConfig.register(T2MLRConfig.model_type, T2MLRConfig, exist_ok=True)

@@ -31,7 +31,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
-from transformers import AutoModel, DynamicCache, PreTrainedModel
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, DynamicCache, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from t2mlr.utils import check_known_names
@@ -567,3 +567,13 @@ def _last_state(r_out: torch.Tensor) -> torch.Tensor:
     outputs and warns that in-place changes to a view would bypass them."""
     last = r_out[:, -1]
     return last.clone() if last.requires_grad else last
+
+
+def register_auto_classes() -> None:
+    """The `t2mlr` model type in transformers' Auto classes (run once, when this module is imported)."""
+    AutoConfig.register(T2MLRConfig.model_type, T2MLRConfig, exist_ok=True)
+    AutoModel.register(T2MLRConfig, T2MLRModel, exist_ok=True)
+    AutoModelForCausalLM.register(T2MLRConfig, T2MLRForCausalLM, exist_ok=True)
+
+
+register_auto_classes()
