@@ -483,7 +483,7 @@ class RunSize:
     memory: MemoryEstimate
     launch: str
     fits: bool
-    advice: tuple[str, ...] = field(default_factory=tuple)
+    notes: tuple[str, ...] = field(default_factory=tuple)  # what would fit, and where the estimate is weak
 
     @property
     def step_seconds(self) -> float:
@@ -554,7 +554,7 @@ def _table_lines(run: RunSize) -> list[str]:
         "launch",
         f"  {run.launch}",
     ]
-    lines += [f"advice: {line}" for line in run.advice]
+    lines += [f"note: {line}" for line in run.notes]
     return lines
 
 
@@ -570,6 +570,14 @@ def choose_parallel(cfg: TrainConfig, devices: int) -> str:
     return cfg.train.parallel if cfg.train.parallel != "none" else "fsdp"
 
 
+def device_counts(cfg: TrainConfig, micro_batch: int) -> list[int]:
+    """Device counts the batches split over: micro-batch × devices divides the global batch, and the devices
+    divide eval.batch_size when the run evaluates."""
+    t, evaluates = cfg.train, cfg.eval.every > 0
+    return [n for n in range(1, t.global_batch_size // micro_batch + 1)
+            if t.global_batch_size % (micro_batch * n) == 0 and not (evaluates and cfg.eval.batch_size % n)]
+
+
 def plan_for(cfg: TrainConfig, devices: int, parallel: str, micro_batch: int | None = None,
              device_type: str = "cuda") -> Plan:
     """The plan of `cfg` on `devices` devices; the micro-batch must split the global batch evenly."""
@@ -577,16 +585,16 @@ def plan_for(cfg: TrainConfig, devices: int, parallel: str, micro_batch: int | N
     micro = t.micro_batch_size if micro_batch is None else micro_batch
     if devices < 1:
         raise SizingError(f"--devices must be >= 1, got {devices}")
+    counts = ", ".join(map(str, device_counts(cfg, micro)))
     if t.global_batch_size % (micro * devices):
-        fitting = [n for n in range(1, t.global_batch_size // micro + 1) if t.global_batch_size % (micro * n) == 0]
         raise SizingError(
             f"{devices} devices do not divide the batch: train.global_batch_size {t.global_batch_size} is not a "
             f"multiple of train.micro_batch_size {micro} × {devices} devices = {micro * devices}; device counts "
-            f"that do: {', '.join(map(str, fitting))}"
+            f"that do: {counts}"
         )
     if cfg.eval.every > 0 and cfg.eval.batch_size % devices:
-        raise SizingError(f"eval.batch_size {cfg.eval.batch_size} is split evenly across ranks: {devices} devices "
-                          "do not divide it")
+        raise SizingError(f"{devices} devices do not divide eval.batch_size {cfg.eval.batch_size} (it is split evenly "
+                          f"across ranks); device counts that divide both batches: {counts}")
     accumulation = t.global_batch_size // (micro * devices)
     return Plan(devices, parallel if devices > 1 else "none", micro, accumulation, run_precision(cfg), device_type)
 
@@ -626,11 +634,7 @@ def size_run(cfg: TrainConfig, devices: int, gpu: str, mfu: float = DEFAULT_MFU,
     seq_len, checkpointing = cfg.data.seq_len, cfg.model.activation_checkpointing
     memory = estimate_memory(facts, plan, seq_len, checkpointing)
     fits = memory.peak <= kind.usable_bytes
-    advice = () if fits else _advice(cfg, facts, plan, kind)
-    if cfg.train.device == "cpu":
-        on_cpu = ("train.device is cpu: this config trains on the CPU whatever GPUs there are; set "
-                  "train.device=auto (or cuda) for the run sized here")
-        advice = (on_cpu, *advice)
+    notes = (() if fits else _advice(cfg, facts, plan, kind)) + _caveats(cfg, facts)
     rows = cfg.train.global_batch_size
     return RunSize(
         config=config_name, model=facts.name, parameters=facts.parameters, training_path=facts.training_path,
@@ -638,8 +642,21 @@ def size_run(cfg: TrainConfig, devices: int, gpu: str, mfu: float = DEFAULT_MFU,
         tokens_per_step=rows * seq_len, flops_per_step=rows * train_step_flops(facts.config, seq_len),
         recomputed_flops_per_step=recomputed_flops(facts, rows, seq_len, checkpointing), mfu=mfu, memory=memory,
         launch=launch_line(config_name, devices, parallel, out or f"runs/{_stem(config_name)}", extra_args),
-        fits=fits, advice=advice,
+        fits=fits, notes=notes,
     )
+
+
+def _caveats(cfg: TrainConfig, facts: ModelFacts) -> tuple[str, ...]:
+    """Where the printed figures say less than they seem to."""
+    caveats = []
+    if facts.training_path.startswith("exact"):
+        caveats.append(f"the exact path runs the middle block as {cfg.data.seq_len} dependent one-token steps per "
+                       "micro-batch: such a step is bound by kernel latency, not FLOPs, so the step time at this MFU "
+                       "is far too short: time a few steps on one GPU")
+    if cfg.train.device == "cpu":
+        caveats.append("train.device is cpu: this config trains on the CPU whatever GPUs there are; set "
+                       "train.device=auto (or cuda) for the run sized here")
+    return tuple(caveats)
 
 
 def _stem(config_name: str) -> str:
@@ -650,15 +667,15 @@ def _advice(cfg: TrainConfig, facts: ModelFacts, plan: Plan, kind: GpuKind) -> t
     """What would fit: more FSDP2 devices, or a smaller micro-batch; a SizingError when even the widest
     sharding the batch allows does not fit."""
     seq_len, checkpointing = cfg.data.seq_len, cfg.model.activation_checkpointing
-    widest = cfg.train.global_batch_size // plan.micro_batch
-    counts = [n for n in range(plan.devices + 1, widest + 1) if cfg.train.global_batch_size % (plan.micro_batch * n) == 0]
-    for n in counts:
+    counts = device_counts(cfg, plan.micro_batch)
+    widest = max(counts)
+    for n in (n for n in counts if n > plan.devices):
         if estimate_memory(facts, plan_for(cfg, n, "fsdp"), seq_len, checkpointing).peak <= kind.usable_bytes:
             break
     else:
         n = None
     micro = next((m for m in range(plan.micro_batch - 1, 0, -1)
-                  if cfg.train.global_batch_size % (m * plan.devices) == 0
+                  if plan.devices in device_counts(cfg, m)
                   and estimate_memory(facts, replace(plan, micro_batch=m,
                                                      accumulation=cfg.train.global_batch_size // (m * plan.devices)),
                                       seq_len, checkpointing).peak <= kind.usable_bytes), None)
@@ -669,8 +686,8 @@ def _advice(cfg: TrainConfig, facts: ModelFacts, plan: Plan, kind: GpuKind) -> t
         best = estimate_memory(facts, plan_for(cfg, widest, "fsdp"), seq_len, checkpointing)
         hint = "; model.activation_checkpointing=true may help" if checkpointable else ""
         raise SizingError(
-            f"does not fit on {kind.label}: even with FSDP2 over {widest} devices (the most the batch allows: "
-            f"global {cfg.train.global_batch_size} / micro {plan.micro_batch}) it needs {_gib(best.peak)} per device "
+            f"does not fit on {kind.label}: even with FSDP2 over {widest} devices (the most the batches allow: "
+            f"global {cfg.train.global_batch_size} / micro {plan.micro_batch}, eval {cfg.eval.batch_size}) it needs {_gib(best.peak)} per device "
             f"(activations {_gib(best.activations_total)}), and {_gib(kind.usable_bytes)} is usable of "
             f"{kind.memory_gb:g} GB; lower train.micro_batch_size or data.seq_len{hint}"
         )
