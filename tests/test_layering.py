@@ -1,6 +1,6 @@
 """The package's layers import only downward:
 
-    utils → model → (tasks, generation, corpus) → baselines → (training, evaluation) → analysis
+    utils → model → (tasks, generation, corpus, serving) → baselines → (training, evaluation) → analysis
           → experiments → cli
 
 A module may import its own subpackage and any lower layer, never a higher one or a sibling on its own
@@ -18,7 +18,7 @@ LAYERS = {
     "utils": 0,
     "model": 1,
     "__init__": 1.5,  # the package root re-exports the model and registers it with the Auto classes
-    "tasks": 2, "generation": 2, "corpus": 2,
+    "tasks": 2, "generation": 2, "corpus": 2, "serving": 2,
     "baselines": 3,
     "training": 4, "evaluation": 4,
     "analysis": 5,
