@@ -137,7 +137,8 @@ def arm_spec(name: str) -> ModelSpec | None:
     try:
         return parse_model_spec(name)
     except ValueError as err:
-        raise ValueError(f"unknown model {name!r}: use t2mlr, transformer, lstm or one of {MODEL_SPEC_FORMS}") from err
+        raise ValueError(f"unknown model {name!r} ({err}): use t2mlr, transformer, lstm or one of "
+                         f"{MODEL_SPEC_FORMS}") from err
 
 
 def check_models(models: tuple[str, ...], preset: S5Preset) -> None:
