@@ -176,14 +176,17 @@ def mib(value: float) -> str:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cases", default="all", help="all, required, or a comma-separated list of case names")
+    parser.add_argument("--cases", default="all",
+                        help="all, required, or case names or paths separated by ';' (e.g. 'llama-gqa, exact;pause ×2')")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     logging.disable(logging.INFO)  # the trainer's set-up lines, once per case
     cases = {"all": REQUIRED + EXTRA, "required": REQUIRED}.get(args.cases)
     if cases is None:
-        wanted = [name.strip() for name in args.cases.split(",")]
-        cases = [case for case in REQUIRED + EXTRA if case.name in wanted]
+        wanted = [name.strip() for name in args.cases.split(";")]
+        cases = [case for case in REQUIRED + EXTRA if case.name in wanted or case.path in wanted]
+        if not cases:
+            parser.error(f"no case named {args.cases!r}; cases: {'; '.join(c.name for c in REQUIRED + EXTRA)}")
     rows = []
     for case in cases:
         with tempfile.TemporaryDirectory() as out:

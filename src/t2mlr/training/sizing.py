@@ -73,7 +73,8 @@ from t2mlr.training.model_factory import (
 
 __all__ = [
     "DEFAULT_MFU", "GPU_KINDS", "GpuKind", "MemoryEstimate", "ModelFacts", "Plan", "RunSize", "SizingError",
-    "estimate_memory", "gpu_kind", "model_facts", "size_run",
+    "build_on_meta", "device_counts", "estimate_activations", "estimate_memory", "gpu_kind", "launch_line",
+    "model_facts", "plan_for", "size_run",
 ]
 
 GIB = 1024**3
@@ -202,7 +203,7 @@ def model_facts(model_cfg: ModelConfig) -> ModelFacts:
     layers = decoder_layers(model)
     linears = {id(m.weight): m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear)}
     params = list(model.parameters())
-    attention = getattr(base, "_attn_implementation", None) or "sdpa"
+    attention = getattr(layers[0].self_attn.config, "_attn_implementation", None) or "sdpa"
     return ModelFacts(
         name=type(model).__name__,
         config=model.config,
@@ -282,11 +283,13 @@ def token_loop_layer_bytes(shape: DecoderShape, rows: int, length: int, compute:
 
 
 def fusion_token_bytes(d: int, compute: int) -> float:
-    """Φ per fused token: [h; r] (cast per linear under autocast), both sigmoid gates, W_rec r and its input,
-    the two gated terms the additions keep (h itself is counted once, as the prefix output)."""
+    """Φ per fused token: [h; r] for f_cur and f_rec, both sigmoid gates, W_rec's input and output, and the two
+    gated terms the additions keep (h itself is counted once, as the prefix output)."""
     if compute == FP32:
-        return FP32 * 8 * d
-    return compute * (2 * 2 * d) + compute * d + FP32 * d + compute * d + compute * d + compute * d + compute * d
+        return FP32 * 8 * d  # [h; r] (2d, one tensor), σ_cur, σ_cur·h, σ_rec, W_rec r, σ_rec·W_rec r, r
+    concatenated = 2 * compute * 2 * d  # autocast casts [h; r] once per linear
+    gated_current = FP32 * d  # σ_cur (bf16) times h (float32) is float32
+    return concatenated + gated_current + 5 * compute * d  # σ_cur, σ_rec, W_rec's cast input and output, σ_rec·W_rec r
 
 
 def cache_norm_token_bytes(d: int) -> float:
@@ -313,17 +316,13 @@ class Activations:
     transient: float
     transient_reason: str
 
-    @property
-    def saved(self) -> float:
-        return sum(self.parts.values())
-
 
 def estimate_activations(facts: ModelFacts, rows: int, length: int, precision: str, checkpointing: bool,
                          packed: bool = True) -> Activations:
     """Activations of one micro-batch of `rows` × `length` tokens on the model's training path."""
-    if facts.attention not in ("sdpa", "flash_attention_2"):
-        raise SizingError(f"the memory model assumes fused attention (sdpa); this model uses {facts.attention!r}, "
-                          "which keeps every attention score matrix")
+    if facts.attention != "sdpa":
+        raise SizingError(f"the memory model assumes PyTorch's fused attention (sdpa); this model uses "
+                          f"{facts.attention!r}: set attn_implementation to sdpa or size it by measurement")
     shape, compute, config = facts.shape, _compute_bytes(precision), facts.config
     block_tokens = length * (config.period if isinstance(config, PauseConfig) else 1)
     layer = parallel_layer_bytes(shape, rows, block_tokens, compute, facts.qk_norm, packed)
@@ -337,7 +336,7 @@ def estimate_activations(facts: ModelFacts, rows: int, length: int, precision: s
     if checkpointed:
         parts[f"checkpointed layer inputs ({checkpointed} runs)"] = checkpointed * layer_input
     if isinstance(config, T2MLRConfig):
-        parts.update(_recurrence_parts(facts, rows, length, compute, packed, checkpointing))
+        parts.update(_recurrence_parts(facts, rows, length, compute, packed))
     transient, reason = rows * length * loss_backward_token_bytes(shape), "the loss's backward"
     recompute = layer - parts["final norm, logits and log-probabilities"]  # the head's tensors are freed by then
     if checkpointed and recompute > transient:
@@ -362,8 +361,7 @@ def _layer_runs(facts: ModelFacts, checkpointing: bool) -> tuple[int, int]:
     return layers, 0
 
 
-def _recurrence_parts(facts: ModelFacts, rows: int, length: int, compute: int, packed: bool,
-                      checkpointing: bool) -> dict[str, float]:
+def _recurrence_parts(facts: ModelFacts, rows: int, length: int, compute: int, packed: bool) -> dict[str, float]:
     """T²MLR's own saved tensors on its training path: Φ, the cache norm, the prefix output Φ reads, and the
     exact path's token loop (or the replayed pass of a BPTT window)."""
     config, shape = facts.config, facts.shape
