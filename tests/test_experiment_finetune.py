@@ -289,6 +289,19 @@ def test_paper_preset_configs_are_valid(task: str) -> None:
     assert sections["t2mlr:13-18"]["train_recurrence"] == "jacobi"
 
 
+def test_paper_gsm_aug_scores_every_gsm8k_test_problem(tmp_path: Path) -> None:
+    """All 1319 problems of the test split (a directory holding that many stands in for GSM8K-Aug), not 1000."""
+    from t2mlr.experiments.finetune_presets import get_preset
+
+    rows = [{"question": f"What is {i} + 1?", "steps": [f"<<{i}+1={i + 1}>>"], "answer": str(i + 1)} for i in range(1400)]
+    write_jsonl(rows[:1319], tmp_path / "test.jsonl")
+    write_jsonl(rows[1319:], tmp_path / "train.jsonl")
+    preset = get_preset("paper", "gsm-aug")
+    _, evaluation, dropped = load_task_data("gsm-aug", {}, preset.train_size, preset.eval_size, 0, str(tmp_path),
+                                            "symbolic")
+    assert len(evaluation) == 1319 and dropped == 0
+
+
 def test_train_min_depth_mixes_training_depths_and_keeps_evaluation_at_depth() -> None:
     settings = {"depth": 3, "num_constants": 3, "num_distractors": 1, "train_min_depth": 0}
     train, evaluation, _ = load_task_data("variable-assignment", settings, 200, 30, 0)

@@ -1,7 +1,7 @@
 """The package's layers import only downward:
 
-    utils → model → auto_registration → (tasks, generation, corpus) → baselines → (training, evaluation) → analysis
-          → experiments → cli
+    utils → model → auto_registration → (tasks, generation, corpus, serving) → baselines → (training, evaluation)
+          → analysis          → experiments → cli
 
 A module may import its own subpackage and any lower layer, never a higher one or a sibling on its own
 layer. Lazy imports inside functions count too: the whole source is parsed."""
@@ -19,7 +19,7 @@ LAYERS = {
     "model": 1,
     "auto_registration": 1.4,  # registers the model's config with the Auto classes once transformers loads them
     "__init__": 1.5,  # the package root re-exports the model and registers it with the Auto classes
-    "tasks": 2, "generation": 2, "corpus": 2,
+    "tasks": 2, "generation": 2, "corpus": 2, "serving": 2,
     "baselines": 3,
     "training": 4, "evaluation": 4,
     "analysis": 5,

@@ -29,7 +29,13 @@ PAPER_PRESETS = {
     "smollm2_360m_baseline": ("smollm2-360m", None, 20000, 366_720_781),
     "smollm2_1b_9_24": ("smollm2-1b", (9, 24), 20000, 993_343_490),
     "smollm2_1b_baseline": ("smollm2-1b", None, 20000, 993_683_875),
+    # the 50B-token runs of the 135M and 360M rows: the same models, ceil(50e9 / (256 × 2048)) steps
+    "smollm2_135m_13_18_50b": ("smollm2-135m", (13, 18), 95368, 136_175_618),
+    "smollm2_135m_baseline_50b": ("smollm2-135m", None, 95368, 136_383_272),
+    "smollm2_360m_9_24_50b": ("smollm2-360m", (9, 24), 95368, 366_432_002),
+    "smollm2_360m_baseline_50b": ("smollm2-360m", None, 95368, 366_720_781),
 }
+FIFTY_B = [name for name in PAPER_PRESETS if name.endswith("_50b")]
 SHAPE_FIELDS = ("intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                 "vocab_size", "tie_word_embeddings")
 
@@ -89,3 +95,19 @@ def test_the_readme_training_line_loads_with_its_overrides() -> None:
     cfg = load_config("smollm2_135m_15_16", ["data.path=data/fineweb", "data.tokenizer=HuggingFaceTB/SmolLM2-135M"])
     assert (cfg.data.source, cfg.data.path, cfg.data.tokenizer) == ("shards", "data/fineweb", "HuggingFaceTB/SmolLM2-135M")
     assert (cfg.model.l_start, cfg.model.l_end) == (15, 16) and cfg.eval.data.path == "data/fineweb_val"
+
+
+@pytest.mark.parametrize("name", FIFTY_B)
+def test_fifty_billion_token_presets_differ_from_their_10b_row_only_in_length_and_data(name: str) -> None:
+    long_run, short_run = load_config(name).to_dict(), load_config(name.removesuffix("_50b")).to_dict()
+    tokens = long_run["train"]["max_steps"] * long_run["train"]["global_batch_size"] * long_run["data"]["seq_len"]
+    step_tokens = long_run["train"]["global_batch_size"] * long_run["data"]["seq_len"]
+    assert 50e9 <= tokens < 50e9 + step_tokens  # the fewest whole steps that reach 50B tokens
+    # a 50B run cannot read the 10BT sample once: its own training shards and a held-out split outside them
+    assert long_run["data"]["path"] != short_run["data"]["path"]
+    assert long_run["eval"]["data"]["path"] not in (short_run["eval"]["data"]["path"], long_run["data"]["path"])
+    for section in ("model", "optim", "schedule"):
+        assert long_run[section] == short_run[section], section
+    for run in (long_run, short_run):
+        run["train"].pop("max_steps"), run["data"].pop("path"), run["eval"]["data"].pop("path")
+    assert long_run["train"] == short_run["train"] and long_run["data"] == short_run["data"]

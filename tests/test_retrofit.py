@@ -264,6 +264,9 @@ def test_tiny_experiment_writes_every_result(pretrained_dir: Path, tmp_path: Pat
         predictions = [json.loads(line) for line in (out / "predictions" / f"{arm}.jsonl").read_text().splitlines()]
         assert len(predictions) == preset.eval_problems
         assert sum(p["correct"] for p in predictions) == info["solved"]
+        for metric in ("strict_match", "flexible_extract"):  # every metric, counted from the replies
+            assert sum(p["scores"][metric]["correct"] for p in predictions) == info["metrics"][metric]["solved"]
+        assert info["solved"] == info["metrics"]["strict_match"]["solved"]  # the headline
     assert results["models"]["transformer"]["tokens_seen"] == results["models"]["t2mlr"]["tokens_seen"]
     assert (out / "retrofit.png").stat().st_size > 0
     assert "finetuned T²MLR retrofit" in (out / "results.md").read_text()
@@ -275,10 +278,11 @@ def test_seeds_summary_reports_means_spreads_and_gaps() -> None:
     from t2mlr.experiments.retrofit import seeds_summary
 
     def result(seed: int, base: float, transformer: float, t2mlr: float) -> dict:
-        return {"preset": {"seed": seed}, "models": {"base": {"accuracy": base}, "transformer": {"accuracy": transformer},
-                                                     "t2mlr": {"accuracy": t2mlr}}}
+        models = {name: {"metrics": {"strict_match": {"accuracy": value}}}
+                  for name, value in (("base", base), ("transformer", transformer), ("t2mlr", t2mlr))}
+        return {"preset": {"seed": seed}, "models": models}
 
-    table = seeds_summary([result(0, 0.0, 0.2, 0.3), result(1, 0.1, 0.4, 0.3)])
+    table = seeds_summary([result(0, 0.0, 0.2, 0.3), result(1, 0.1, 0.4, 0.3)], "strict_match")
     rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines()}
     assert rows["finetuned base (baseline)"].endswith("| 0.200 | 0.400 | 0.300 | 0.200 |")
     assert rows["T²MLR − baseline"].startswith("| T²MLR − baseline | +0.100 | -0.100 | +0.000 |")

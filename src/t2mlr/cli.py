@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "experiment": ("t2mlr.experiments.commands", "run a paper experiment end to end"),
     "rl": ("t2mlr.training.rl_commands", "reinforcement learning (GRPO) with the policy update replayed from the rollout's recurrent states"),
     "analyze": ("t2mlr.analysis.commands", "the paper's analyses on your checkpoints: gradient fidelity, Jacobi vs exact training, probes, gates, placement"),
+    "serve": ("t2mlr.serving.commands", "serve a saved T²MLR model with vLLM (OpenAI-compatible server; needs vLLM installed)"),
 }
 # Groups that gather subcommands from parts on one layer (neither may import the other): group ->
 # (module, function) pairs, each function adding its subcommands to the group's subparsers; the group's

@@ -2,6 +2,7 @@
 
   t2mlr analyze gradient-fidelity CHECKPOINT --data FILE --out DIR [--depths 2:1,4:4,16:4] [--anchor 32:32]
   t2mlr analyze jacobi-vs-exact CONFIG --out DIR [key=value ...]      # trains 3 arms, evaluates both paths
+  t2mlr analyze jacobi-depths CHECKPOINT --data FILE --out DIR [--depths 2,4,8,16,32]
   t2mlr analyze probes CHECKPOINT [BASELINE_CHECKPOINT] --data FILE --offset 1,2 --out DIR
   t2mlr analyze gates RUN_DIR [RUN_DIR ...] --out DIR
   t2mlr analyze placement CONFIG --starts 1,5,9,13,15 [--width D] --out DIR [key=value ...]
@@ -9,7 +10,8 @@
 CHECKPOINT is any model directory the trainer or save_pretrained wrote (a run's final/, one of its
 checkpoints/step_N, a retrofitted pretrained model, a saved baseline). FILE is data the trainer reads:
 a jsonl of text (tokenized with the checkpoint's tokenizer) or of input_ids, a shards directory from
-`t2mlr data tokenize`. CONFIG is a training config or
+`t2mlr data tokenize`, or `train`: the data the checkpoint trained on, as its saved config.yaml names
+them (e.g. S5-Retrieval's generated stream, labels aligned as in training). CONFIG is a training config or
 preset; the analyses that train derive every arm from it by overrides and train it with the project
 trainer into OUT/<arm>, so each arm checkpoints and resumes (--resume) like a `t2mlr train` run.
 
@@ -36,6 +38,8 @@ HELP = {
                          "an anchor, with the time per setting",
     "jacobi-vs-exact": "train Jacobi (16,4), exact with bptt_window=4 and the matched Transformer; evaluate each on "
                        "both paths",
+    "jacobi-depths": "a trained T²MLR model on the Jacobi path at each depth against its exact path (loss, logits, "
+                     "argmax, how far the cache state is from its fixed point)",
     "probes": "two-layer MLP probes on every block's hidden state predicting x(t+offset) (offsets 1 and 2 by "
               "default), T²MLR vs a baseline",
     "gates": "γ_cur and γ_rec over training steps from runs' metrics.jsonl",
@@ -102,6 +106,17 @@ def _jacobi_vs_exact(args: argparse.Namespace) -> dict[str, Any]:
     )
 
 
+def _jacobi_depths(args: argparse.Namespace) -> dict[str, Any]:
+    from t2mlr.analysis.common import parse_int_list
+    from t2mlr.analysis.jacobi_vs_exact import run_jacobi_depths
+
+    return run_jacobi_depths(
+        args.checkpoint, args.data, args.out, depths=parse_int_list(args.depths, "--depths"), rows=args.rows,
+        batch_size=args.batch_size, seed=args.seed, seq_len=args.seq_len, device=args.device, tokenizer=args.tokenizer,
+        eos_token_id=args.eos_token_id,
+    )
+
+
 def _probes(args: argparse.Namespace) -> dict[str, Any]:
     from t2mlr.analysis.common import parse_int_list
     from t2mlr.analysis.probes import ProbeSettings, run_probes
@@ -142,7 +157,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def _data_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data", required=True, help="jsonl file or shards directory (t2mlr data tokenize)")
+    parser.add_argument("--data", required=True, help="jsonl file or shards directory (t2mlr data tokenize), or "
+                        "'train': the data the checkpoint trained on (its saved config.yaml)")
     parser.add_argument("--seq-len", type=int, default=None,
                         help="tokens per row (default: the checkpoint's training seq_len, from its config.yaml)")
     parser.add_argument("--tokenizer", default=None, help="tokenizer for jsonl text (default: the checkpoint's)")
@@ -209,6 +225,16 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     jve.add_argument("--eval-d-forward", type=int, default=None, help="Jacobi evaluation depth (default: --d-forward)")
     _common(jve)
     jve.set_defaults(func=_guarded(_jacobi_vs_exact))
+
+    depths = _add(sub, "jacobi-depths")
+    depths.add_argument("checkpoint", help="T²MLR model directory")
+    _data_options(depths)
+    depths.add_argument("--depths", default="2,4,8,16,32", help="Jacobi d_forward values (default 2,4,8,16,32)")
+    depths.add_argument("--rows", type=int, default=64, help="rows drawn from --data (default 64)")
+    depths.add_argument("--batch-size", type=int, default=64, help="rows per forward pass (default 64)")
+    depths.add_argument("--seed", type=int, default=0, help="which rows are drawn (default 0)")
+    _common(depths)
+    depths.set_defaults(func=_guarded(_jacobi_depths))
 
     probes = _add(sub, "probes")
     probes.add_argument("checkpoint", help="model directory (T²MLR)")

@@ -6,7 +6,9 @@ A model directory is anything `save_pretrained` or the trainer wrote: a run's `f
 `checkpoints/step_N`, a retrofitted pretrained model, or a saved baseline. Data files are read by
 `t2mlr.training.data.build_dataset` from a `DataConfig`, so the analyses see exactly the rows training
 saw: a jsonl of text (tokenized with the model directory's tokenizer) or of token ids, a shards
-directory written by `t2mlr data tokenize`.
+directory written by `t2mlr data tokenize`, or `train` (`TRAINING_DATA`): the data section of the
+trainer config saved in the model directory, i.e. the model's own training stream (a factory dataset
+such as S5-Retrieval's, with its label alignment).
 """
 
 from __future__ import annotations
@@ -28,14 +30,16 @@ import t2mlr.baselines  # noqa: F401  (registers the baseline model types, so sa
 from t2mlr.analysis.benchmarking import markdown_table
 from t2mlr.generation.loading import load_model
 from t2mlr.model import is_t2mlr
-from t2mlr.training.config import DataConfig
-from t2mlr.training.data import Collator, build_dataset, count_targets
+from t2mlr.training.config import DataConfig, config_from_tree
+from t2mlr.training.data import Collator, build_dataset, count_targets, labels_aligned
 from t2mlr.training.model_factory import RECURRENCE_ONLY_INPUTS
 from t2mlr.utils import IGNORE_INDEX, TOKENIZER_FILES
 
 __all__ = [
+    "TRAINING_DATA",
     "ModelInfo",
     "causal_lm_loss",
+    "collate_for",
     "collate_rows",
     "data_config_for",
     "describe_model",
@@ -52,6 +56,7 @@ __all__ = [
 ]
 
 TRAINER_CONFIG = "config.yaml"  # the trainer writes its config into every checkpoint and final/
+TRAINING_DATA = "train"  # --data train: the data the model directory's saved trainer config trained on
 TABLE_SUFFIX, JSON_SUFFIX = ".md", ".json"
 
 
@@ -124,10 +129,28 @@ def saved_seq_len(model_dir: str | Path) -> int | None:
     return int(value) if value is not None else None
 
 
+def training_data_config(model_dir: str | Path) -> DataConfig:
+    """The `data` section of the trainer config saved in a model directory (what the model trained on)."""
+    path = Path(model_dir) / TRAINER_CONFIG
+    if not path.is_file():
+        raise ValueError(f"--data {TRAINING_DATA}: {model_dir} holds no {TRAINER_CONFIG} (not written by the trainer), "
+                         "so its training data are unknown; pass a data file")
+    return config_from_tree(yaml.safe_load(path.read_text(encoding="utf-8")) or {}).data
+
+
 def data_config_for(data: str | Path, model_dir: str | Path, seq_len: int | None = None,
                     tokenizer: str | None = None, eos_token_id: int | None = None) -> DataConfig:
     """A `DataConfig` for a data path: a shards directory (it holds manifest.json) or a jsonl file (text lines use `tokenizer`, by default the model
-    directory's own when it has one). `seq_len` defaults to the length the model was trained with."""
+    directory's own when it has one), or `TRAINING_DATA` (the model's own training data, from its saved config).
+    `seq_len` defaults to the length the model was trained with."""
+    if str(data) == TRAINING_DATA:
+        if tokenizer is not None or eos_token_id is not None:
+            raise ValueError(f"--data {TRAINING_DATA} reads the training data as the model was trained on them; "
+                             "--tokenizer and --eos-token-id do not apply")
+        cfg = training_data_config(model_dir)
+        if seq_len is not None:
+            cfg.seq_len = seq_len
+        return cfg
     path = Path(data)
     if seq_len is None:
         seq_len = saved_seq_len(model_dir)
@@ -153,17 +176,28 @@ def read_rows(cfg: DataConfig, vocab_size: int, name: str = "--data") -> Any:
     return build_dataset(cfg, vocab_size=vocab_size, name=name)
 
 
-def collate_rows(dataset: Any, indices: Sequence[int], pad_token_id: int = 0) -> dict[str, torch.Tensor]:
-    """One batch of the given rows, stacked by the trainer's collator."""
-    return Collator(pad_token_id)([dataset[int(i)] for i in indices])
+def collate_rows(dataset: Any, indices: Sequence[int], pad_token_id: int = 0,
+                 labels_aligned_to_inputs: bool = False) -> dict[str, torch.Tensor]:
+    """One batch of the given rows, stacked by the trainer's collator (aligned labels shifted as in training)."""
+    return Collator(pad_token_id, labels_aligned_to_inputs)([dataset[int(i)] for i in indices])
 
 
-def model_batches(dataset: Any, indices: Sequence[int], batch_size: int) -> list[dict[str, torch.Tensor]]:
-    """The given rows in batches of `batch_size` (the last one may be smaller)."""
+def collate_for(dataset: Any, cfg: DataConfig, indices: Sequence[int]) -> dict[str, torch.Tensor]:
+    """`collate_rows` with the data config's padding id and label alignment (what the trainer's batches get)."""
+    return collate_rows(dataset, indices, cfg.pad_token_id, labels_aligned(dataset, cfg))
+
+
+def model_batches(dataset: Any, indices: Sequence[int], batch_size: int,
+                  cfg: DataConfig | None = None) -> list[dict[str, torch.Tensor]]:
+    """The given rows in batches of `batch_size` (the last one may be smaller); with the data config, padded
+    and aligned as the trainer's batches are."""
     if batch_size < 1:
         raise ValueError(f"batch size must be >= 1, got {batch_size}")
     indices = list(indices)
-    return [collate_rows(dataset, indices[i : i + batch_size]) for i in range(0, len(indices), batch_size)]
+    chunks = [indices[i : i + batch_size] for i in range(0, len(indices), batch_size)]
+    if cfg is None:
+        return [collate_rows(dataset, chunk) for chunk in chunks]
+    return [collate_for(dataset, cfg, chunk) for chunk in chunks]
 
 
 def model_inputs(model: nn.Module, batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:

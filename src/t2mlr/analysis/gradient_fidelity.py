@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from t2mlr.analysis.benchmarking import timed
 from t2mlr.analysis.common import (
     causal_lm_loss,
-    collate_rows,
+    collate_for,
     data_config_for,
     describe_model,
     fixed_depth,
@@ -214,11 +214,12 @@ def run_gradient_fidelity(
     if not is_t2mlr(model):
         raise ValueError(f"{model_dir} holds a {info.label} without recurrence: gradient fidelity compares Jacobi "
                          "depths of a T²MLR model")
-    rows_data = read_rows(data_config_for(data, model_dir, seq_len, tokenizer, eos_token_id), model.config.vocab_size)
+    data_cfg = data_config_for(data, model_dir, seq_len, tokenizer, eos_token_id)
+    rows_data = read_rows(data_cfg, model.config.vocab_size)
     if batch_size < 1 or batch_size > len(rows_data):
         raise ValueError(f"--batch-size must lie in [1, {len(rows_data)}] (rows in {data}), got {batch_size}")
     picked = np.random.default_rng(seed).choice(len(rows_data), size=batch_size, replace=False)
-    batch = collate_rows(rows_data, sorted(int(i) for i in picked))
+    batch = collate_for(rows_data, data_cfg, sorted(int(i) for i in picked))
     anchor_row, rows = fidelity_rows(model, batch, depths, anchor, repeats)
     out = Path(out)
     figure = plot_gradient_fidelity(rows, anchor_row, out / FIGURE, title=f"{info.label}: gradient vs anchor "

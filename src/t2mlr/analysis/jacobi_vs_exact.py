@@ -15,12 +15,18 @@ paper's columns (loss and perplexity): Transformer | exact train, exact eval | e
 | Jacobi train, exact eval | Jacobi train, Jacobi eval. The paper's claims checked: the Jacobi-trained
 model is within 0.005 validation loss of the exact-trained one, and its Jacobi evaluation equals its
 exact evaluation.
+
+`run_jacobi_depths` (`t2mlr analyze jacobi-depths`) asks the second question of any trained model, at
+every evaluation depth: on the same rows, the Jacobi path at d_forward = 2, 4, ..., 32 against the exact
+path (loss, largest logit gap, argmax agreement at the scored positions, and how far the cache state is
+from its fixed point). Position t is exact after t iterations, so on rows longer than the depth the gap
+measures whether the trained model's recurrence has converged by then.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +41,19 @@ from t2mlr.analysis.arms import (
     transformer_arm,
     validation_batches,
 )
-from t2mlr.analysis.common import describe_model, table, validation_loss, write_result
+from t2mlr.analysis.common import (
+    causal_lm_loss,
+    describe_model,
+    fixed_depth,
+    table,
+    validation_loss,
+    write_result,
+)
+from t2mlr.model import is_t2mlr
 from t2mlr.training.metrics import read_metrics
+from t2mlr.utils import IGNORE_INDEX
 
-__all__ = ["PAPER_TOLERANCE", "run_jacobi_vs_exact", "training_arms"]
+__all__ = ["PAPER_TOLERANCE", "DepthRow", "depth_rows", "run_jacobi_depths", "run_jacobi_vs_exact", "training_arms"]
 
 STEM, FIGURE = "jacobi_vs_exact", "jacobi_vs_exact.png"
 PAPER_TOLERANCE = 0.005  # the paper: Jacobi-trained models within this validation loss of exact-trained ones
@@ -180,4 +195,134 @@ def run_jacobi_vs_exact(
                   "train_seconds": a.seconds} for a in trained],
     }
     md, js = write_result(out, STEM, _markdown(str(config), depths, trained, cells, checks, figure.name), payload)
+    return {"markdown": md, "json": js, "figure": figure, **payload}
+
+
+# ---------------------------------------------------------------------------------------------- depths of a trained model
+
+DEPTHS_STEM, DEPTHS_FIGURE = "jacobi_depths", "jacobi_depths.png"
+DEFAULT_EVAL_DEPTHS = "2,4,8,16,32"
+
+
+@dataclass
+class DepthRow:
+    """A trained model on the Jacobi path at one depth, against its exact path on the same rows."""
+
+    d_forward: int
+    loss: float
+    loss_gap: float  # Jacobi minus exact, nats per scored token
+    max_logit_gap: float  # max |Δ logit| over real positions
+    argmax_agreement: float  # share of scored positions where the Jacobi argmax is the exact one
+    state_gap: float  # max over rows of ||R_d − R_exact|| / ||R_exact||, R after each row's last real token
+
+
+def _path_outputs(model: Any, batches: Sequence[dict[str, Any]], **path: Any) -> list[tuple[Any, Any, Any, Any]]:
+    """(logits, labels, real-position mask, last state) of every batch on one path, early stop off."""
+    import torch
+
+    from t2mlr.analysis.common import model_inputs
+
+    device = next(model.parameters()).device
+    outputs = []
+    with torch.no_grad(), fixed_depth(model):
+        for batch in batches:
+            inputs = model_inputs(model, batch, device)
+            labels = inputs.pop("labels")
+            out = model(**inputs, **path)
+            real = inputs.get("attention_mask", torch.ones_like(inputs["input_ids"])).bool()
+            outputs.append((out.logits.double(), labels, real, out.recurrent_state.double()))
+    return outputs
+
+
+def _compare(exact: Sequence[tuple[Any, Any, Any, Any]], other: Sequence[tuple[Any, Any, Any, Any]],
+             d_forward: int, exact_loss: float) -> DepthRow:
+    loss_sum = targets = agree = 0.0
+    logit_gap = state_gap = 0.0
+    for (e_logits, labels, real, e_state), (j_logits, _, _, j_state) in zip(exact, other):
+        scored = labels[:, 1:] != IGNORE_INDEX
+        n = int(scored.sum())
+        loss_sum += float(causal_lm_loss(j_logits, labels)) * n
+        targets += n
+        agree += float((j_logits[:, :-1].argmax(-1) == e_logits[:, :-1].argmax(-1))[scored].sum())
+        logit_gap = max(logit_gap, float((j_logits - e_logits).abs().amax(-1)[real].max()))
+        state_gap = max(state_gap, float(((j_state - e_state).norm(dim=-1) / e_state.norm(dim=-1).clamp_min(1e-30)).max()))
+    loss = loss_sum / targets
+    return DepthRow(d_forward, loss, loss - exact_loss, logit_gap, agree / targets, state_gap)
+
+
+def depth_rows(model: Any, batches: Sequence[dict[str, Any]], depths: Sequence[int]) -> tuple[float, list[DepthRow]]:
+    """The exact path's loss on `batches` and one row per Jacobi depth (see `DepthRow`)."""
+    if not is_t2mlr(model):
+        raise ValueError("Jacobi depths compare a T²MLR model's two paths: the model has no recurrence")
+    if not depths or any(d < 1 for d in depths):
+        raise ValueError(f"depths must be integers >= 1, got {list(depths)}")
+    exact = _path_outputs(model, batches, recurrence="exact")
+    n_targets = sum(int((labels[:, 1:] != IGNORE_INDEX).sum()) for _, labels, _, _ in exact)
+    if n_targets == 0:
+        raise ValueError("the rows hold no scored token")
+    exact_loss = sum(float(causal_lm_loss(logits, labels)) * int((labels[:, 1:] != IGNORE_INDEX).sum())
+                     for logits, labels, _, _ in exact) / n_targets
+    rows = []
+    for d in tqdm(depths, desc="Jacobi depths", unit="depth", dynamic_ncols=True):
+        # d_backward only shapes gradients; 1 is valid at every depth
+        jacobi = _path_outputs(model, batches, recurrence="jacobi", d_forward=d, d_backward=1)
+        rows.append(_compare(exact, jacobi, d, exact_loss))
+    return exact_loss, rows
+
+
+def _depths_markdown(model_dir: Path, info: Any, exact_loss: float, rows: Sequence[DepthRow], shape: tuple[int, int],
+                     figure: str) -> list[str]:
+    body = [(f"{r.d_forward}", f"{r.loss:.4f}", f"{r.loss_gap:+.2e}", f"{r.max_logit_gap:.2e}",
+             f"{100 * r.argmax_agreement:.2f}%", f"{r.state_gap:.2e}") for r in rows]
+    return [
+        "# Jacobi depths of a trained model against its exact path",
+        "",
+        (f"Model {info.label} from `{model_dir}`; {shape[0]} rows of up to {shape[1]} tokens; exact-path loss "
+         f"{exact_loss:.4f} nats per scored token. For each Jacobi depth (d_forward, no early stop): its loss, the "
+         "gap to the exact loss, the largest |Δ logit| at any real position, how often its argmax equals the exact "
+         "path's at the scored positions, and the largest relative distance of the state after a row's last token "
+         "from the exact one (how far the cache is from its fixed point)."),
+        "",
+        *table(["d_forward", "loss", "− exact", "max |Δ logit|", "argmax = exact", "state distance"], body),
+        "",
+        f"![Jacobi depths]({figure})",
+    ]
+
+
+def run_jacobi_depths(
+    model_dir: str | Path, data: str | Path, out: str | Path, depths: Sequence[int] = (2, 4, 8, 16, 32),
+    rows: int = 64, batch_size: int = 64, seed: int = 0, seq_len: int | None = None, device: str = "auto",
+    tokenizer: str | None = None, eos_token_id: int | None = None,
+) -> dict[str, Any]:
+    """Evaluate a trained T²MLR model on `rows` rows drawn at random (by `seed`) from `data` on the exact path
+    and on the Jacobi path at each depth; write jacobi_depths.md/.json/.png to `out`."""
+    import numpy as np
+
+    from t2mlr.analysis.common import (
+        data_config_for,
+        load_analysis_model,
+        model_batches,
+        read_rows,
+    )
+    from t2mlr.analysis.plots import plot_jacobi_depths
+
+    model_dir = Path(model_dir)
+    model = load_analysis_model(model_dir, device)
+    info = describe_model(model)
+    if not is_t2mlr(model):
+        raise ValueError(f"{model_dir} holds a {info.label} without recurrence: Jacobi depths need a T²MLR model")
+    cfg = data_config_for(data, model_dir, seq_len, tokenizer, eos_token_id)
+    dataset = read_rows(cfg, model.config.vocab_size)
+    if not 1 <= rows <= len(dataset):
+        raise ValueError(f"--rows must lie in [1, {len(dataset)}] (rows in {data}), got {rows}")
+    picked = sorted(int(i) for i in np.random.default_rng(seed).choice(len(dataset), size=rows, replace=False))
+    batches = model_batches(dataset, picked, batch_size, cfg)
+    exact_loss, depth_table = depth_rows(model, batches, list(depths))
+    out = Path(out)
+    figure = plot_jacobi_depths(depth_table, out / DEPTHS_FIGURE, title=f"{info.label}: Jacobi depth vs exact path")
+    shape = (rows, max(int(b["input_ids"].shape[1]) for b in batches))
+    payload = {"model_dir": str(model_dir), "model": asdict(info), "data": str(data), "rows": picked,
+               "exact_loss": exact_loss, "depths": [asdict(r) for r in depth_table]}
+    md, js = write_result(out, DEPTHS_STEM, _depths_markdown(model_dir, info, exact_loss, depth_table, shape,
+                                                              figure.name), payload)
     return {"markdown": md, "json": js, "figure": figure, **payload}

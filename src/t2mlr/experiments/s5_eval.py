@@ -5,8 +5,9 @@ compared with target[t] (the transduction alignment of `t2mlr.experiments.s5_dat
 after the delimiter are scored, with `t2mlr.tasks.scoring`: sequence exact match (every scored token
 right) and per-token accuracy. Rows of one N have one length, so batches need no padding.
 
-T²MLR is evaluated on its exact path, always: the caller passes `recurrence="exact"` explicitly
-(see `forward_kwargs`), never relying on the config's default (docs/semantics.md §9).
+T²MLR is evaluated on its exact path: the caller passes `recurrence="exact"` explicitly (see
+`forward_kwargs`), never relying on the config's default (docs/semantics.md §9). `path` names another
+path for the Jacobi-vs-exact analysis (e.g. `{"recurrence": "jacobi", "d_forward": 8}`, early stop off).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
+from t2mlr.analysis.common import fixed_depth
 from t2mlr.model import is_t2mlr
 from t2mlr.tasks.scoring import aggregate_s5_by_n, score_s5_prediction
 
@@ -35,9 +37,14 @@ class NMetrics:
     count: int
 
 
-def forward_kwargs(model: nn.Module) -> dict[str, Any]:
-    """The evaluation path, explicit: T²MLR's exact recurrence; nothing for the baselines."""
-    return {"recurrence": "exact"} if is_t2mlr(model) else {}
+def forward_kwargs(model: nn.Module, path: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The evaluation path, explicit: T²MLR's exact recurrence, or `path` when given; nothing for the
+    baselines (a path for a model without recurrence is an error)."""
+    if not is_t2mlr(model):
+        if path:
+            raise ValueError(f"the evaluation path {dict(path)} applies to T²MLR models only")
+        return {}
+    return dict(path) if path else {"recurrence": "exact"}
 
 
 def group_by_n(samples: Sequence[Mapping[str, Any]]) -> dict[int, list[Mapping[str, Any]]]:
@@ -67,15 +74,16 @@ def evaluate_by_n(
     batch_size: int,
     device: torch.device | str = "cpu",
     desc: str = "eval",
+    path: Mapping[str, Any] | None = None,
 ) -> dict[int, NMetrics]:
-    """Per-N metrics of `model` on `samples` (teacher-forced, exact path for T²MLR)."""
-    kwargs = forward_kwargs(model)
+    """Per-N metrics of `model` on `samples` (teacher-forced; T²MLR on the exact path, or on `path`)."""
+    kwargs = forward_kwargs(model, path)
     was_training = model.training
     model.eval()
     records = []
     groups = group_by_n(samples)
     try:
-        with tqdm(total=len(samples), desc=desc, unit="seq", dynamic_ncols=True) as bar:
+        with fixed_depth(model), tqdm(total=len(samples), desc=desc, unit="seq", dynamic_ncols=True) as bar:
             for n, group in groups.items():
                 for start in range(0, len(group), batch_size):
                     chunk = group[start : start + batch_size]

@@ -66,6 +66,16 @@ class S5Preset:
     checkpoint_every: int = 0  # 0: only the final checkpoint; resume is exact, so the cadence changes no number
     seed: int = 0
     notes: str = ""  # printed in results.md: how the preset departs from the paper, and why
+    # torch CPU threads of every training run and of the evaluation, whatever the machine and the schedule: the
+    # thread count sets the float summation order of the CPU kernels, so it is part of the arithmetic (a seed's
+    # numbers depend on it, not on the load or on which runs share the machine)
+    torch_threads: int = 1
+    # `transformer:compute-matched`: the matched Transformer trained for T²MLR's measured training compute, i.e.
+    # for round(compute_matched_ratio × T²MLR's steps) steps, where the ratio is T²MLR's training-step time over
+    # the matched Transformer's, measured side by side (`t2mlr.experiments.s5_costs`); `compute_matched_basis`
+    # says how. None: not measured for this preset, and the arm is refused.
+    compute_matched_ratio: float | None = None
+    compute_matched_basis: str = ""
 
     def __post_init__(self) -> None:
         if set(self.steps) != set(MODEL_NAMES):
@@ -74,13 +84,24 @@ class S5Preset:
             raise ValueError(f"preset {self.name!r}: eval_n {self.eval_n} must reach the training lengths {self.train_n}")
         if not 1 <= self.l_start <= self.l_end <= self.num_layers:
             raise ValueError(f"preset {self.name!r}: need 1 <= l_start <= l_end <= num_layers")
+        if self.torch_threads < 1:
+            raise ValueError(f"preset {self.name!r}: torch_threads must be >= 1, got {self.torch_threads}")
+        if self.compute_matched_ratio is not None and self.compute_matched_ratio <= 0:
+            raise ValueError(f"preset {self.name!r}: compute_matched_ratio must be > 0 or None")
 
     def max_length(self) -> int:
         """Tokens in the longest evaluation row (dictionary, delimiter, actions, the trailing <eos>)."""
         return self.dict_size * (self.k + 1) + 1 + self.eval_n[1] * (self.k + 1) + 1
 
-    def with_steps(self, **steps: int) -> "S5Preset":
+    def with_steps(self, **steps: int) -> S5Preset:
         return replace(self, steps={**self.steps, **steps})
+
+    def compute_matched_steps(self) -> int:
+        """Steps of `transformer:compute-matched`: T²MLR's steps times the measured step-time ratio."""
+        if self.compute_matched_ratio is None:
+            raise ValueError(f"preset {self.name!r} has no measured training-compute ratio (compute_matched_ratio), "
+                             "so it cannot train transformer:compute-matched")
+        return max(1, round(self.compute_matched_ratio * self.steps["t2mlr"]))
 
 
 _PAPER = S5Preset(
@@ -148,6 +169,22 @@ _CPU = S5Preset(
     # A checkpoint of these models takes 0.1-0.15 s against 0.2-0.4 s per training step (2-core CPU), so one
     # every 250 steps costs under 0.3% of the training time; an interruption loses at most 250 steps (< 2 min).
     checkpoint_every=250,
+    # transformer:compute-matched. Measured before any evidence run (`t2mlr.experiments.s5_costs`, 2026-11-24, the
+    # 2-core AMD EPYC shared with other jobs, load average 4.5): the trainer's own step (forward, backward, clip,
+    # AdamW) on the preset's batches, one process, one torch thread, 21 paired rounds in rotated order, median of
+    # the per-round ratios: T²MLR-exact 0.936 s against the matched Transformer's 0.258 s, ratio 3.578 (the
+    # FLOP model: 0.99, so the exact path's token-by-token loop, not arithmetic, is what costs). Rounded to 3.58:
+    # 3.58 × 3,000 = 10,740 steps. Drawing the S5 batches (Python, the same for every arm; about 0.09 s per step
+    # on an idle machine, inferred from the README's run times) is left out: it is not the model's compute.
+    # Estimated on an idle machine (0.184 s per step with the batches, from the README's run): about 33 min,
+    # over the evidence study's 30-minute budget per run by about a tenth; kept as measured and said so.
+    compute_matched_ratio=3.58,
+    compute_matched_basis=(
+        "The step multiplier 3.58 is T²MLR-exact's training-step time over the matched Transformer's, measured "
+        "before any result on this preset's batches (`t2mlr.experiments.s5_costs`: the trainer's own step, one "
+        "process, one torch thread, 21 paired rounds, median of per-round ratios: 0.936 s against 0.258 s on "
+        "the shared 2-core machine); drawing the batches is not counted."
+    ),
     notes=(
         "Scaled down from the paper to run in about 20 minutes on 2 CPU cores. One departure from the task: "
         "actions are drawn from a fixed 2-element generating set of S5 instead of all 120 permutations. The "
@@ -157,6 +194,26 @@ _CPU = S5Preset(
         "match, and a GRU on bare state tracking still errs after 20k steps). The dictionary holds 18 keys, so "
         "for N ≤ 18 it contains every visited state plus random others."
     ),
+)
+
+# The evidence study's deeper variant (`t2mlr experiment s5-evidence`): on `cpu`, T²MLR(1,2) spans the whole
+# 2-block backbone, so "looped ×3 over T²MLR's block range" is full looping. Here the same width at 4 blocks,
+# T²MLR(2,3) on the exact path, so that looping its range ×3 (`looped:2-3:3`) differs from looping all blocks.
+# Everything else is `cpu`'s (3,000 steps each). Decided by cost measurements only, before any run of it
+# (`t2mlr.experiments.s5_costs`, 21 paired rounds, one thread, the shared machine at load 7): per training step,
+# T²MLR(2,3) exact 2.28× and looped 2-3 ×3 2.05× this variant's matched Transformer, which costs about 1.8× the
+# 2-block one. Scaled to an idle machine with the README's `cpu` run (Transformer 9.2 min, T²MLR 20.9 min for
+# 3,000 steps side by side, of which about 0.09 s per step draws batches), that is about 13 min for the
+# Transformer, 23 min for T²MLR(2,3) and 21 min for looped 2-3 ×3: every run within the 30-minute budget, so
+# the variant keeps `cpu`'s steps.
+_CPU_DEEP = replace(
+    _CPU,
+    name="cpu-deep",
+    num_layers=4,
+    l_start=2,
+    l_end=3,
+    notes=_CPU.notes + " This variant: 4 blocks with T²MLR(2,3), so that a looped baseline over T²MLR's block "
+    "range differs from looping the whole backbone.",
 )
 
 _TINY = S5Preset(
@@ -181,9 +238,13 @@ _TINY = S5Preset(
     warmup_steps=1,
     steps={"t2mlr": 3, "transformer": 3, "lstm": 3},
     eval_batch_size=8,
+    compute_matched_ratio=2.0,
+    compute_matched_basis="Not measured: the tiny preset only checks the pipeline, so any ratio serves.",
 )
 
-PRESETS: dict[str, S5Preset] = {p.name: p for p in (_PAPER, _CPU, _TINY)}
+_TINY_DEEP = replace(_TINY, name="tiny-deep", num_layers=4, l_start=2, l_end=3)  # the evidence study's check
+
+PRESETS: dict[str, S5Preset] = {p.name: p for p in (_PAPER, _CPU, _CPU_DEEP, _TINY, _TINY_DEEP)}
 
 
 def get_preset(name: str) -> S5Preset:

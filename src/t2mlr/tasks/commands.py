@@ -5,7 +5,8 @@ code``), so the caller runs ``args.func(args)``. ``main(argv)`` runs this group 
 
 Each command writes ``train.jsonl``, ``eval.jsonl`` and ``meta.json`` (the settings used) into
 ``--out`` (S5-Retrieval also writes the word-level tokenizer to ``tokenizer/``) and prints every
-path it wrote. Eval sets use random streams independent of the training stream; for variable
+path it wrote; ``hotpotqa-cot`` builds ``train.jsonl`` and ``test.jsonl`` from local HotpotQA files and
+chain-of-thought traces instead (``t2mlr.tasks.hotpotqa``). Eval sets use random streams independent of the training stream; for variable
 assignment and ProsQA-Hard, eval samples whose prompt also occurs in the training set are
 dropped (S5 dictionaries are drawn fresh per sequence, so collisions are negligible there).
 """
@@ -48,14 +49,14 @@ def parse_range(text: str) -> tuple[int, int]:
 
 
 def _one_line_errors(handler: Handler) -> Handler:
-    """Bad settings (a ValueError from a generator) end the command with one line on stderr and exit code 2,
-    whichever command line runs it (`t2mlr data …` or this module's `main`)."""
+    """Bad settings (a ValueError from a generator) or a missing input file end the command with one line on
+    stderr and exit code 2, whichever command line runs it (`t2mlr data …` or this module's `main`)."""
 
     @functools.wraps(handler)
     def run(args: argparse.Namespace) -> int:
         try:
             return handler(args)
-        except ValueError as err:
+        except (ValueError, FileNotFoundError) as err:
             print(f"t2mlr data {args.data_command}: error: {err}", file=sys.stderr)
             return 2
 
@@ -152,6 +153,39 @@ def _run_prosqa(args: argparse.Namespace) -> int:
     return 0
 
 
+@_one_line_errors
+def _run_hotpotqa_cot(args: argparse.Namespace) -> int:
+    from t2mlr.tasks.hotpotqa import build_hotpotqa_cot, write_hotpotqa_cot
+
+    if args.eval_size is not None and args.eval_size < 1:
+        raise ValueError(f"--eval-size must be >= 1, got {args.eval_size}")
+    build = build_hotpotqa_cot(args.hotpotqa_train, args.traces, args.hotpotqa_eval, args.eval_size, args.keep_wrong)
+    sources = {k: v for k, v in vars(args).items() if k not in ("func", "out")}
+    for path in write_hotpotqa_cot(build, args.out, sources):
+        print(f"wrote {path}")
+    print(f"{len(build.train)} training records ({build.no_trace} questions without a trace, {build.no_answer_in_trace} "
+          f"traces stating no answer, {build.wrong_answer} stating a wrong one, {build.kept_wrong} of those kept); "
+          f"{len(build.test)} evaluation records")
+    return 0
+
+
+def _add_hotpotqa_cot(sub: Any) -> None:
+    p = sub.add_parser("hotpotqa-cot", help="HotpotQA with chain-of-thought traces, for `experiment finetune hotpotqa`",
+                       description="Join local HotpotQA files with chain-of-thought traces (the paper's are not public; "
+                                   "any file in their form works) into train.jsonl and test.jsonl. See "
+                                   "t2mlr.tasks.hotpotqa for the formats and rules.")
+    p.add_argument("--hotpotqa-train", type=Path, required=True,
+                   help="HotpotQA training questions (.jsonl/.parquet in the hub's columns, or the release's .json)")
+    p.add_argument("--traces", type=Path, required=True,
+                   help="traces (.jsonl/.parquet): id or question, and the reasoning in 'output' or 'steps', ending "
+                        "in \\boxed{answer}")
+    p.add_argument("--hotpotqa-eval", type=Path, required=True, help="HotpotQA evaluation questions (e.g. the dev set)")
+    p.add_argument("--out", type=Path, required=True, help="output directory")
+    p.add_argument("--eval-size", type=int, default=None, help="keep the first N evaluation questions (default: all)")
+    p.add_argument("--keep-wrong", action="store_true", help="keep traces whose answer is wrong (default: leave them out)")
+    p.set_defaults(func=_run_hotpotqa_cot)
+
+
 def _add_s5(sub: Any) -> None:
     p = sub.add_parser("s5-retrieval", help="S5-Retrieval (state tracking + in-context retrieval)")
     p.add_argument("--out", type=Path, required=True, help="output directory")
@@ -205,6 +239,7 @@ def register(subparsers: Any, joined: Sequence[Callable[[Any], None]] = ()) -> a
     _add_s5(sub)
     _add_variable_assignment(sub)
     _add_prosqa(sub)
+    _add_hotpotqa_cot(sub)
     for add_subcommands in joined:
         add_subcommands(sub)
     return data

@@ -17,6 +17,26 @@ GSM answer extraction rule (``extract_gsm_answer``):
 Numbers are matched as ``-?digits[,digits]*[.digits]`` and commas are removed. Two answers
 match when their normalised strings are equal, or both are numbers of equal value
 (``"360"`` equals ``"360.0"``).
+
+lm-evaluation-harness's two GSM8K metrics (``gsm8k_strict_match``, ``gsm8k_flexible_extract``) are the ones
+to report beside it, since the rule above credits a reply cut off before its answer whenever its last
+number (often one copied from the question) happens to be the answer:
+
+- strict-match: the first ``#### <number>`` (lm-eval's ``gsm8k`` task), else the first ``The answer is
+  <number>`` followed by one more character (its ``gsm8k-cot`` task); nothing else counts;
+- flexible-extract: the last number-like run in the reply (``-?[$0-9.,]{2,}`` or ``-?[0-9]+``).
+
+Both then compare as lm-eval's ``exact_match`` does with the task's settings: ``,``, ``$``, everything up
+to a ``#### `` and a trailing ``.`` removed from prediction and reference, case ignored, strings equal
+(so ``"360.0"`` does not equal ``"360"`` there).
+
+MATH (``math_equiv``): the answer inside the reply's last ``\\boxed{...}`` (or ``\\boxed x``,
+``\\fbox{...}``), compared with the reference after the normalisation of Hendrycks et al.'s MATH
+evaluation (their ``is_equiv``/``strip_string``, also lm-eval's ``hendrycks_math``): line breaks,
+``\\!``, ``\\left``/``\\right``, degree marks, ``\\$``, a ``\\text{ unit}`` tail, ``\\%`` and
+spaces removed; ``tfrac``/``dfrac`` read as ``frac``; ``.5`` as ``0.5``; a short ``k = `` prefix dropped;
+``\\sqrt3`` as ``\\sqrt{3}``, ``\\frac12`` as ``\\frac{1}{2}``, ``0.5`` and ``1/2`` as
+``\\frac{1}{2}``; then the strings must be equal.
 """
 
 from __future__ import annotations
@@ -31,10 +51,19 @@ __all__ = [
     "aggregate_s5_by_n",
     "extract_boxed_answer",
     "extract_gsm_answer",
+    "extract_math_answer",
+    "gsm8k_flexible_extract",
+    "gsm8k_flexible_match",
+    "gsm8k_match",
+    "gsm8k_strict_extract",
+    "gsm8k_strict_match",
     "gsm_exact_match",
+    "math_equiv",
+    "math_match",
+    "normalize_answer",
+    "normalize_math_answer",
     "qa_exact_match",
     "qa_token_f1",
-    "normalize_answer",
     "score_s5_prediction",
     "score_s5_predictions",
     "variable_assignment_exact_match",
@@ -154,6 +183,141 @@ def gsm_exact_match(prediction: str, answer: str) -> bool:
         return True
     da, db = _as_decimal(a), _as_decimal(b)
     return da is not None and db is not None and da == db
+
+
+# ---------------------------------------------------------------------------------------------- lm-eval's GSM8K
+
+# The patterns and comparison settings of lm-eval's gsm8k.yaml / gsm8k-cot.yaml (task version 3.0).
+_GSM8K_STRICT = (re.compile(r"#### (\-?[0-9\.\,]+)"), re.compile(r"The answer is (\-?[0-9\.\,]+)."))
+_GSM8K_FLEXIBLE = re.compile(r"(-?[$0-9.,]{2,})|(-?[0-9]+)")
+_GSM8K_IGNORED = (re.compile(","), re.compile(r"\$"), re.compile(r"(?s).*#### "), re.compile(r"\.$"))
+
+
+def _first_group(match: str | tuple[str, ...]) -> str:
+    """A `findall` item as lm-eval's regex filter reads it: the first non-empty group of a tuple."""
+    if isinstance(match, tuple):
+        match = next((group for group in match if group), "")
+    return match.strip()
+
+
+def gsm8k_strict_extract(text: str) -> str | None:
+    """The answer strict-match reads: the first ``#### <number>``, else the first ``The answer is <number>.``;
+    None when the reply has neither (lm-eval scores that as "[invalid]", never right)."""
+    for pattern in _GSM8K_STRICT:
+        found = pattern.findall(text)
+        if found:
+            return _first_group(found[0])
+    return None
+
+
+def gsm8k_flexible_extract(text: str) -> str | None:
+    """The answer flexible-extract reads: the last number-like run of the reply; None when there is none."""
+    found = _GSM8K_FLEXIBLE.findall(text)
+    return _first_group(found[-1]) if found else None
+
+
+def _gsm8k_canonical(text: str) -> str:
+    for pattern in _GSM8K_IGNORED:
+        text = pattern.sub("", text)
+    return text.lower()
+
+
+def gsm8k_match(extracted: str | None, answer: str) -> bool:
+    """lm-eval's exact_match with the GSM8K task's settings (see the module docstring); None is wrong."""
+    return extracted is not None and _gsm8k_canonical(extracted) == _gsm8k_canonical(answer)
+
+
+def gsm8k_strict_match(reply: str, answer: str) -> bool:
+    return gsm8k_match(gsm8k_strict_extract(reply), answer)
+
+
+def gsm8k_flexible_match(reply: str, answer: str) -> bool:
+    return gsm8k_match(gsm8k_flexible_extract(reply), answer)
+
+
+# ---------------------------------------------------------------------------------------------- MATH
+
+
+def _last_boxed(text: str) -> str | None:
+    """The content of the last ``\\boxed{...}``/``\\fbox{...}`` (nested braces kept) or of a ``\\boxed x``
+    (up to the next ``$``); None when there is none or its braces never close."""
+    if "\\boxed " in text:
+        return text.rsplit("\\boxed ", 1)[1].split("$")[0].strip()
+    for command in ("\\boxed", "\\fbox"):
+        position = text.rfind(command)
+        if position >= 0:
+            brace = text.find("{", position)
+            if brace < 0 or text[position + len(command) : brace].strip():
+                return None
+            return _balanced_braces(text, brace)
+    return None
+
+
+def extract_math_answer(text: str) -> str | None:
+    """A MATH solution's final answer: its last boxed expression (see the module docstring)."""
+    inside = _last_boxed(text)
+    return inside if inside is not None and inside.strip() else None
+
+
+def _fix_fracs(text: str) -> str:
+    """``\\frac12`` -> ``\\frac{1}{2}``, ``\\frac1{72}`` -> ``\\frac{1}{72}``; unchanged when a frac has fewer
+    than two characters after it."""
+    head, *rest = text.split("\\frac")
+    out = [head]
+    for part in rest:
+        out.append("\\frac")
+        if part.startswith("{"):
+            out.append(part)
+            continue
+        if len(part) < 2:
+            return text
+        numerator, second, tail = part[0], part[1], part[2:]
+        out.append("{" + numerator + "}" + (second + tail if second == "{" else "{" + second + "}" + tail))
+    return "".join(out)
+
+
+def _fix_slash(text: str) -> str:
+    """``3/4`` (two integers written plainly) -> ``\\frac{3}{4}``."""
+    match = re.fullmatch(r"(-?\d+)/(-?\d+)", text)
+    if match is None or text != f"{int(match.group(1))}/{int(match.group(2))}":
+        return text
+    return "\\frac{" + match.group(1) + "}{" + match.group(2) + "}"
+
+
+def _fix_sqrt(text: str) -> str:
+    """``\\sqrt3`` -> ``\\sqrt{3}`` (one character after the command)."""
+    return re.sub(r"\\sqrt([^{])", r"\\sqrt{\1}", text)
+
+
+def normalize_math_answer(answer: str) -> str:
+    """A MATH answer in the canonical form of Hendrycks et al.'s ``strip_string`` (module docstring)."""
+    text = answer.replace("\n", "").replace("\\!", "").replace("\\\\", "\\")
+    text = text.replace("tfrac", "frac").replace("dfrac", "frac").replace("\\left", "").replace("\\right", "")
+    text = text.replace("^{\\circ}", "").replace("^\\circ", "").replace("\\$", "")
+    if text.count("\\text{ ") == 1:  # a single unit on the right
+        text = text.split("\\text{ ")[0]
+    text = text.replace("\\%", "").replace(" .", " 0.").replace("{.", "{0.")
+    if not text:
+        return text
+    if text[0] == ".":
+        text = "0" + text
+    sides = text.split("=")
+    if len(sides) == 2 and len(sides[0]) <= 2:  # "k = 3" -> "3"
+        text = sides[1]
+    text = _fix_fracs(_fix_sqrt(text).replace(" ", ""))
+    if text == "0.5":
+        text = "\\frac{1}{2}"
+    return _fix_slash(text)
+
+
+def math_match(extracted: str | None, answer: str) -> bool:
+    """An extracted MATH answer equals the reference after MATH's normalisation; None is wrong."""
+    return extracted is not None and normalize_math_answer(extracted) == normalize_math_answer(answer)
+
+
+def math_equiv(reply: str, answer: str) -> bool:
+    """The reply's boxed answer equals the reference answer after MATH's normalisation."""
+    return math_match(extract_math_answer(reply), answer)
 
 
 # ---------------------------------------------------------------------------------------------- HotpotQA

@@ -23,6 +23,7 @@ examples:
   t2mlr train debug --out runs/debug --stop-after 20       # stop early; the schedule is unchanged
   t2mlr train debug --out runs/debug --resume              # ... and continue exactly where it stopped
   torchrun --nproc_per_node 8 -m t2mlr train smollm2_135m_13_18 --out runs/x --parallel fsdp
+  t2mlr train smollm2_1b_9_24 --dry-run --devices 4 --gpu h100   # size it first: memory, time, launch line
 
 Overrides are dotted `key=value` pairs, before or after the options; every key is checked and a
 misspelt one fails before anything is built. The run directory gets config.yaml, train.log,
@@ -34,7 +35,13 @@ CPU threads: by default the cores that are not busy when the run starts (availab
 step wait. A resumed run reuses the count it ran with; --threads sets it.
 
 exit codes: 0 done or stopped as asked, 1 training stopped on a non-finite loss (the last good
-checkpoint is kept), 2 bad input (config, data, checkpoint, or a resume that would change the run)."""
+checkpoint is kept), 2 bad input (config, data, checkpoint, or a resume that would change the run).
+
+--dry-run builds the model on the meta device (no weights) and prints its parameters, memory per device
+(weights, gradients, AdamW state, activations), tokens and FLOPs per step, step time and GPU-hours at an
+assumed model-FLOP utilisation on --devices GPUs of kind --gpu, and the command that launches the run
+(docs/scale.md). It exits 2 when the devices do not divide the batch, the GPU kind is unknown, or the run
+cannot fit even sharded over as many devices as the batch allows."""
 
 
 def register(subparsers: Any) -> None:
@@ -43,7 +50,8 @@ def register(subparsers: Any) -> None:
                                   description=TRAIN_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     train.add_argument("config", help="YAML config path or preset name (configs/<name>.yaml)")
     train.add_argument("overrides", nargs="*", default=[], help="dotted key=value overrides, e.g. optim.lr=1e-3")
-    train.add_argument("--out", required=True, help="run directory (checkpoints, metrics.jsonl, train.log)")
+    train.add_argument("--out", default=None,
+                       help="run directory (checkpoints, metrics.jsonl, train.log); required unless --dry-run")
     train.add_argument("--max-steps", type=int, default=None,
                        help="set train.max_steps (the run's length and its schedule's; to stop early use --stop-after)")
     train.add_argument("--stop-after", type=int, default=None, metavar="N",
@@ -53,9 +61,19 @@ def register(subparsers: Any) -> None:
     train.add_argument("--allow-config-change", action="store_true",
                        help="resume even though the configuration differs from the recorded one")
     train.add_argument("--parallel", choices=("none", "ddp", "fsdp"), default=None,
-                       help="data parallelism under torchrun (sets train.parallel)")
+                       help="data parallelism under torchrun (sets train.parallel); ddp and fsdp need torchrun")
     train.add_argument("--threads", type=int, default=None, metavar="N",
                        help="torch CPU threads (default: the free cores, or the resumed run's count)")
+    dry = train.add_argument_group("sizing a run before it is bought (docs/scale.md)")
+    dry.add_argument("--dry-run", action="store_true",
+                     help="print parameters, memory per device, FLOPs, step time, GPU-hours and the launch line; "
+                          "allocates no weights and trains nothing")
+    dry.add_argument("--devices", type=int, default=None, metavar="N", help="GPUs the run would use (default 1)")
+    dry.add_argument("--gpu", default=None, metavar="KIND",
+                     help="GPU kind: h100, h200, a100-80gb, a100-40gb, l40s, a10, a10g, rtx4090")
+    dry.add_argument("--mfu", type=float, default=None, metavar="U",
+                     help="assumed model-FLOP utilisation for the step time (default 0.30)")
+    dry.add_argument("--json", action="store_true", help="print the dry run as JSON instead of a table")
     train.set_defaults(func=run_train)
     _accept_trailing_overrides(train)
 
@@ -98,11 +116,17 @@ def run_train(args: argparse.Namespace) -> int:
     from t2mlr.training.data import DataError
     from t2mlr.training.trainer import NonFiniteLossError, train
 
+    refusal = launch_refusal(args)
+    if refusal is not None:
+        print(f"t2mlr train: {refusal}", file=sys.stderr)
+        return 2
     try:
         cfg = load_config(args.config, train_overrides(args))
     except ConfigError as err:
         print(f"t2mlr train: config error: {err}", file=sys.stderr)
         return 2
+    if args.dry_run:
+        return run_dry_run(args, cfg)
     for flag, value in (("--stop-after", args.stop_after), ("--threads", args.threads)):
         if value is not None and value < 1:
             print(f"t2mlr train: {flag} must be >= 1, got {value}", file=sys.stderr)
@@ -118,6 +142,54 @@ def run_train(args: argparse.Namespace) -> int:
         print(f"t2mlr train: {err}", file=sys.stderr)
         return 2
     log.info("done at step %d; last checkpoint: %s", result.step, result.last_checkpoint)
+    return 0
+
+
+def launch_refusal(args: argparse.Namespace) -> str | None:
+    """Why these options cannot start (or size) a run, before any config is loaded; None when they can.
+
+    `--parallel ddp|fsdp` outside torchrun is refused: the run would train in one process, not the data
+    parallelism asked for (a config that sets train.parallel still runs single-process, so a run directory's
+    recorded config resumes either way)."""
+    from t2mlr.training.distributed import launched_by_torchrun
+
+    sizing_only = [flag for flag, given in (("--devices", args.devices is not None), ("--gpu", args.gpu is not None),
+                                            ("--mfu", args.mfu is not None), ("--json", args.json)) if given]
+    if args.dry_run:
+        if args.gpu is None:
+            return "--dry-run needs --gpu KIND (h100, h200, a100-80gb, a100-40gb, l40s, a10, a10g, rtx4090)"
+        if args.resume:
+            return "--dry-run sizes a new run; --resume does not apply"
+        return None
+    if sizing_only:
+        verb = "applies" if len(sizing_only) == 1 else "apply"
+        return f"{', '.join(sizing_only)} {verb} to --dry-run only (a real run's devices are torchrun's processes)"
+    if args.out is None:
+        return "--out is required (the run directory), unless --dry-run"
+    if args.parallel in ("ddp", "fsdp") and not launched_by_torchrun():
+        return (f"--parallel {args.parallel} needs torchrun (one process per device), e.g. `torchrun "
+                f"--nproc_per_node 4 -m t2mlr train {args.config} --out {args.out} --parallel {args.parallel}`; "
+                "this is a single process (drop --parallel to train in one)")
+    return None
+
+
+def run_dry_run(args: argparse.Namespace, cfg: Any) -> int:
+    """Size the run (no weights allocated) and print it; exit 2 when it cannot be sized or cannot fit."""
+    import json
+
+    from t2mlr.training.config import ConfigError
+    from t2mlr.training.sizing import DEFAULT_MFU, size_run
+
+    extra = list(args.overrides or [])
+    if args.max_steps is not None:
+        extra += ["--max-steps", str(args.max_steps)]
+    try:
+        run = size_run(cfg, args.devices or 1, args.gpu, DEFAULT_MFU if args.mfu is None else args.mfu,
+                       config_name=args.config, out=args.out, extra_args=extra)
+    except (ConfigError, ValueError) as err:
+        print(f"t2mlr train --dry-run: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(run.to_dict(), indent=2, default=str) if args.json else run.table())
     return 0
 
 
