@@ -1,7 +1,7 @@
 """The package's layers import only downward:
 
-    utils → model → auto_registration → (tasks, generation, corpus, serving) → baselines → (training, evaluation)
-          → analysis          → experiments → cli
+    utils → model → auto_registration → (tasks, generation, corpus, serving) → baselines
+          → (training, evaluation) → analysis → experiments → cli
 
 A module may import its own subpackage and any lower layer, never a higher one or a sibling on its own
 layer. Lazy imports inside functions count too: the whole source is parsed."""
