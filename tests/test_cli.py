@@ -52,6 +52,10 @@ def test_top_level_help_imports_neither_torch_nor_transformers() -> None:
     (["data", "--help"], "variable-assignment"),
     (["data", "s5-retrieval", "--help"], "--alphabet"),
     (["corpus", "--help"], "prepare-offline"),
+    (["generate", "--help"], "--prefill-depth"),
+    (["plot", "--help"], "run_dir"),
+    (["params", "--help"], "--looped"),
+    (["serve", "--help"], "--prefill"),
 ])
 def test_command_help_imports_neither_torch_nor_transformers(argv: list[str], shown: str) -> None:
     """Help of the training, experiment and analysis commands shows at once: their heavy imports wait

@@ -75,10 +75,10 @@ def _command_of(argv: Sequence[str]) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = _command_of(argv)
+    parser = build_parser(command) if command is not None else _summary_parser()
+    args = parser.parse_args(argv)  # --help and argument errors end here, before anything heavy loads
     for module in LOADS_SAVED_MODELS.get(command, ()):
         importlib.import_module(module)
-    parser = build_parser(command) if command is not None else _summary_parser()
-    args = parser.parse_args(argv)
     return int(args.func(args) or 0)
 
 
