@@ -61,6 +61,9 @@ def test_overrides_are_typed_and_nested() -> None:
 
 @pytest.mark.parametrize("override, fragment", [
     ("optim.lrr=1", "Did you mean 'lr'"),
+    ("optim.learning_rate=1e-3", "Did you mean 'lr'"),  # other libraries' name for it
+    ("train.per_device_train_batch_size=4", "Did you mean 'micro_batch_size'"),
+    ("optim.max_grad_norm=1", "Did you mean 'grad_clip'"),
     ("nosuch.key=1", "unknown config key 'nosuch'"),
     ("train.max_steps=ten", "expected an int"),
     ("model.train_recurrence=sometimes", "must be one of"),
@@ -72,6 +75,20 @@ def test_overrides_are_typed_and_nested() -> None:
 def test_bad_configs_fail_with_clear_messages(override: str, fragment: str) -> None:
     with pytest.raises(ConfigError, match=fragment.replace("(", r"\(")):
         load_config("debug", [override])
+
+
+def test_any_data_source_can_be_chosen_on_any_preset(tmp_path: Path) -> None:
+    """The debug preset's synthetic settings (data.kwargs) give way to a source chosen on the command line;
+    settings given with it stay, and a kwargs override keeps the preset's others."""
+    rows = tmp_path / "ids.jsonl"
+    rows.write_text('{"input_ids": [1, 2, 3, 4, 5]}\n', encoding="utf-8")
+    cfg = load_config("debug", ["data.source=jsonl", f"data.path={rows}"])
+    assert (cfg.data.source, cfg.data.path, cfg.data.kwargs) == ("jsonl", str(rows), {})
+    assert cfg.eval.data.source == "synthetic" and cfg.eval.data.kwargs  # another section keeps its own
+    kept = load_config("debug", ["data.kwargs.num_samples=16"])
+    assert kept.data.kwargs["num_samples"] == 16 and kept.data.kwargs["vocab_size"] == 64
+    with pytest.raises(ConfigError, match="kwargs applies to source synthetic or factory only"):
+        load_config("debug", ["data.source=jsonl", f"data.path={rows}", "data.kwargs.num_samples=16"])
 
 
 def test_unknown_preset_lists_presets() -> None:

@@ -283,8 +283,46 @@ def from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
     return cls(**kwargs)
 
 
+# What Hugging Face's TrainingArguments and similar configs call a key this schema names otherwise: a
+# user who writes `optim.learning_rate` is pointed to `lr` although the spellings are far apart.
+KEY_SYNONYMS: dict[str, tuple[str, ...]] = {
+    "learning_rate": ("lr",),
+    "max_lr": ("lr",),
+    "max_grad_norm": ("grad_clip",),
+    "clip_grad_norm": ("grad_clip",),
+    "adam_beta1": ("betas",),
+    "adam_beta2": ("betas",),
+    "adam_epsilon": ("eps",),
+    "lr_scheduler_type": ("kind",),
+    "scheduler": ("kind",),
+    "num_warmup_steps": ("warmup_steps",),
+    "batch_size": ("global_batch_size", "micro_batch_size"),
+    "train_batch_size": ("global_batch_size",),
+    "per_device_train_batch_size": ("micro_batch_size",),
+    "gradient_accumulation_steps": ("global_batch_size",),
+    "num_train_steps": ("max_steps",),
+    "steps": ("max_steps",),
+    "save_steps": ("every",),
+    "logging_steps": ("every",),
+    "eval_steps": ("every",),
+    "save_total_limit": ("keep_last",),
+    "max_seq_length": ("seq_len",),
+    "max_length": ("seq_len",),
+    "block_size": ("seq_len",),
+}
+
+
+def suggested_key(key: str, names: list[str]) -> str | None:
+    """The valid key a misspelt or foreign-named one most likely means: a synonym from other libraries'
+    configs (`learning_rate` → `lr`), else the closest spelling."""
+    for synonym in KEY_SYNONYMS.get(key.lower(), ()):
+        if synonym in names:
+            return synonym
+    return nearest_name(key, names)
+
+
 def _unknown_key_message(dotted: str, key: str, names: list[str]) -> str:
-    guess = nearest_name(key, names)
+    guess = suggested_key(key, names)
     hint = f" Did you mean {guess!r}?" if guess else ""
     return f"unknown config key {dotted!r}.{hint} Valid keys here: {', '.join(names)}"
 
@@ -423,11 +461,19 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return parts, yaml.safe_load(raw) if raw.strip() else ""
 
 
+SOURCE_SETTINGS = ("kwargs", "factory")  # a data section's settings that belong to its source
+
+
 def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Set dotted keys in a plain config tree. Unknown keys are caught later by `from_dict`."""
+    """Set dotted keys in a plain config tree. Unknown keys are caught later by `from_dict`.
+
+    Choosing another data source (`data.source=jsonl`, `eval.data.source=...`) drops the settings that
+    belonged to the preset's source (its `kwargs` and `factory`) unless the overrides set them too, so any
+    source can be chosen on the command line whatever the preset's was."""
     tree = deep_merge({}, tree)
-    for text in overrides:
-        parts, value = parse_override(text)
+    parsed = [(text, *parse_override(text)) for text in overrides]
+    given = {tuple(parts) for _, parts, _ in parsed}
+    for text, parts, value in parsed:
         node = tree
         for part in parts[:-1]:
             child = node.get(part)
@@ -436,6 +482,10 @@ def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any
             elif not isinstance(child, dict):
                 raise ConfigError(f"override {text!r}: {part!r} is not a section")
             node = child
+        if parts[-1] == "source" and value != node.get("source"):
+            for setting in SOURCE_SETTINGS:
+                if not any(key[: len(parts)] == (*parts[:-1], setting) for key in given):
+                    node.pop(setting, None)
         node[parts[-1]] = value
     return tree
 
