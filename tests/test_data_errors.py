@@ -11,9 +11,9 @@ import torch
 from torch.utils.data import Dataset
 
 from t2mlr.training.config import DataConfig
+from t2mlr.training.synthetic import SyntheticChainDataset
 from t2mlr.training.data import (
     DataError,
-    SyntheticChainDataset,
     build_dataset,
     check_token_range,
     read_jsonl_documents,

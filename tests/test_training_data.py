@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from t2mlr.training.config import DataConfig
+from t2mlr.training.synthetic import SyntheticChainDataset
 from t2mlr.training.data import (
     IGNORE_INDEX,
     Collator,
     ResumableBatchSampler,
-    SyntheticChainDataset,
     build_dataset,
     count_targets,
     pack_documents,
@@ -105,7 +105,7 @@ def test_synthetic_rows_are_deterministic_and_learnable_rule() -> None:
 
 
 def test_factory_source_passes_seq_len(tmp_path: Path) -> None:
-    cfg = DataConfig(source="factory", factory="t2mlr.training.data:SyntheticChainDataset", seq_len=12,
+    cfg = DataConfig(source="factory", factory="t2mlr.training.synthetic:SyntheticChainDataset", seq_len=12,
                      kwargs={"num_samples": 3, "vocab_size": 8})
     data = build_dataset(cfg)
     assert len(data) == 3 and data[0]["input_ids"].shape == (12,)

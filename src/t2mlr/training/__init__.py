@@ -16,7 +16,7 @@ from typing import Any
 _HOMES = {
     "ConfigError": "config", "TrainConfig": "config", "load_config": "config",
     "Collator": "data", "PackedTokenDataset": "data", "ResumableBatchSampler": "data",
-    "SyntheticChainDataset": "data", "build_dataset": "data", "pack_documents": "data",
+    "SyntheticChainDataset": "synthetic", "build_dataset": "data", "pack_documents": "data",
     "shift_aligned_labels": "data",
     "NonFiniteLossError": "trainer", "Trainer": "trainer", "TrainResult": "trainer", "train": "trainer",
 }

@@ -14,8 +14,11 @@ T²MLR settings it would otherwise inherit.
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import inspect
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Union
@@ -23,7 +26,7 @@ from typing import Any, Literal, Union
 import yaml
 
 from t2mlr.model.configuration import RecurrencePath, build_base_config
-from t2mlr.utils import nearest_name
+from t2mlr.utils import check_known_names, nearest_name, signature_fields
 
 PRESET_DIRS = (
     Path(__file__).resolve().parents[1] / "configs",  # shipped in the package; <repo>/configs links here
@@ -74,7 +77,7 @@ class ModelConfig:
     settings: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_tree(cls, data: dict[str, Any], where: str) -> "ModelConfig":
+    def from_tree(cls, data: dict[str, Any], where: str) -> ModelConfig:
         """Split a flat `model:` mapping into the trainer's keys and the architecture's settings, each
         checked and coerced by its declaring class."""
         from t2mlr.training.architectures import ARCHITECTURES
@@ -428,7 +431,7 @@ def load_yaml_tree(path: Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     if path in _seen:
         raise ConfigError(f"circular 'extends' chain: {' -> '.join(str(p) for p in (*_seen, path))}")
     with open(path, encoding="utf-8") as handle:
-        tree = yaml.load(handle, Loader=_ConfigLoader) or {}  # noqa: S506  (a SafeLoader subclass)
+        tree = yaml.load(handle, Loader=_ConfigLoader) or {}
     if not isinstance(tree, dict):
         raise ConfigError(f"{path}: top level must be a mapping")
     parent = tree.pop("extends", None)
@@ -507,6 +510,41 @@ def save_config(cfg: TrainConfig, path: Path) -> None:
         yaml.safe_dump(cfg.to_dict(), handle, sort_keys=False)
 
 
+def dataset_callable(cfg: DataConfig) -> Callable[..., Any]:
+    """What `data.kwargs` are passed to: `SyntheticChainDataset`, or the imported `data.factory`."""
+    if cfg.source == "synthetic":
+        from t2mlr.training.synthetic import SyntheticChainDataset
+
+        return SyntheticChainDataset
+    module_name, _, attr = (cfg.factory or "").partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError, ValueError) as err:
+        raise ValueError(f"data.factory {cfg.factory!r} cannot be imported: {err}") from err
+
+
+def dataset_kwargs(cfg: DataConfig) -> dict[str, Any]:
+    """`data.kwargs` checked name by name against the callable's own parameters (the nearest valid name in
+    the error) and coerced to their declared types, plus seq_len and seed from the data config."""
+    target = dataset_callable(cfg)
+    fields = signature_fields(target.__init__ if isinstance(target, type) else target)
+    name = "SyntheticChainDataset" if cfg.source == "synthetic" else cfg.factory
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in inspect.signature(target).parameters.values())
+    if not takes_any:
+        check_known_names(cfg.kwargs, fields, f"keyword of {name} in data.kwargs")
+    kwargs = {key: coerce_declared(value, fields[key].type, f"data.kwargs.{key}") if key in fields else value
+              for key, value in cfg.kwargs.items()}
+    if cfg.source == "synthetic":
+        from t2mlr.training.synthetic import SYNTHETIC_DEFAULTS
+
+        kwargs = {**SYNTHETIC_DEFAULTS, **kwargs}
+    accepted = inspect.signature(target).parameters
+    for key, value in (("seq_len", cfg.seq_len), ("seed", cfg.seed)):  # unless data.kwargs sets them
+        if key in accepted and key not in kwargs:
+            kwargs[key] = value
+    return kwargs
+
+
 def validate(cfg: TrainConfig) -> None:
     """Cross-field checks that types alone cannot express."""
     _validate_model(cfg.model)
@@ -572,8 +610,6 @@ def _validate_model(m: ModelConfig) -> None:
 
 
 def _validate_data(d: DataConfig, where: str) -> None:
-    from t2mlr.training.data import dataset_kwargs
-
     if d.seq_len < 2:
         raise ConfigError(f"{where}.seq_len must be >= 2, got {d.seq_len}")
     if d.source in ("jsonl", "shards") and not d.path:

@@ -30,10 +30,8 @@ its own share of each global batch from it.
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import json
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,13 +42,11 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from tqdm.auto import tqdm
 
 from t2mlr.model.layout import positions_within_documents
-from t2mlr.training.config import DataConfig
+from t2mlr.training.config import DataConfig, dataset_callable, dataset_kwargs
 from t2mlr.utils import (
     IGNORE_INDEX,
     TokenizerNotFoundError,
-    check_known_names,
     load_tokenizer,
-    signature_fields,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -326,61 +322,6 @@ def _scan_token_array(tokens: np.ndarray, vocab_size: int, source: str | None, n
 # Synthetic data (smoke runs and tests: no files, learnable in a few dozen steps)
 
 
-class SyntheticChainDataset(Dataset):
-    """Packed rows of documents that follow a fixed random successor table over the vocabulary.
-
-    Each document starts at a random token and continues with next = succ[current] (with
-    probability `noise` a random token instead). The table depends only on `rule_seed`, so training
-    and evaluation sets (different `seed`) share the rule; each row depends only on (seed, index).
-    A small model learns the table quickly: the loss falls from ln(vocab) towards the noise floor.
-    """
-
-    def __init__(
-        self, num_samples: int, seq_len: int, vocab_size: int, seed: int = 0, rule_seed: int = 0,
-        min_doc_len: int = 4, max_doc_len: int = 32, noise: float = 0.0,
-    ) -> None:
-        if vocab_size < 2 or not 1 <= min_doc_len <= max_doc_len:
-            raise ValueError("need vocab_size >= 2 and 1 <= min_doc_len <= max_doc_len")
-        self.num_samples = num_samples
-        self.seq_len = seq_len
-        self.vocab_size = vocab_size
-        self.seed = seed
-        self.min_doc_len, self.max_doc_len, self.noise = min_doc_len, max_doc_len, noise
-        self.successor = np.random.default_rng(rule_seed).permutation(vocab_size)
-
-    @property
-    def tokenizer(self) -> Any:
-        """Words `t0 .. t{V-1}` for the token ids (`t2mlr.tasks.tokenizers.numbered_tokenizer`): saved with
-        the run's checkpoints, so they load in `t2mlr generate`."""
-        from t2mlr.tasks.tokenizers import numbered_tokenizer
-
-        return numbered_tokenizer(self.vocab_size)
-
-    def __len__(self) -> int:
-        return self.num_samples
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        if not 0 <= index < self.num_samples:
-            raise IndexError(index)
-        rng = np.random.default_rng([self.seed, index])
-        tokens = np.empty(self.seq_len, dtype=np.int64)
-        starts = np.zeros(self.seq_len, dtype=bool)
-        pos = 0
-        while pos < self.seq_len:
-            length = min(int(rng.integers(self.min_doc_len, self.max_doc_len + 1)), self.seq_len - pos)
-            starts[pos] = True
-            tokens[pos] = rng.integers(self.vocab_size)
-            for t in range(pos + 1, pos + length):
-                noisy = self.noise > 0 and rng.random() < self.noise
-                tokens[t] = rng.integers(self.vocab_size) if noisy else self.successor[tokens[t - 1]]
-            pos += length
-        ids = torch.from_numpy(tokens)
-        start_mask = torch.from_numpy(starts)
-        labels = ids.clone()
-        labels[start_mask] = IGNORE_INDEX
-        return {"input_ids": ids, "position_ids": positions_within_documents(start_mask), "labels": labels}
-
-
 # ---------------------------------------------------------------------------------------------
 # Building a dataset from config
 
@@ -456,42 +397,6 @@ def _check_special_ids(cfg: DataConfig, vocab_size: int, name: str) -> None:
     for key, value in (("pad_token_id", cfg.pad_token_id), ("eos_token_id", cfg.eos_token_id)):
         if value is not None and not 0 <= value < vocab_size:
             raise DataError(f"{name}.{key} = {value} is outside the model's vocabulary [0, {vocab_size})")
-
-
-SYNTHETIC_DEFAULTS = {"num_samples": 4096, "vocab_size": 64}
-
-
-def dataset_callable(cfg: DataConfig) -> Callable[..., Dataset]:
-    """What `data.kwargs` are passed to: `SyntheticChainDataset`, or the imported `data.factory`."""
-    if cfg.source == "synthetic":
-        return SyntheticChainDataset
-    module_name, _, attr = (cfg.factory or "").partition(":")
-    try:
-        return getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError, ValueError) as err:
-        raise ValueError(f"data.factory {cfg.factory!r} cannot be imported: {err}") from err
-
-
-def dataset_kwargs(cfg: DataConfig) -> dict[str, Any]:
-    """`data.kwargs` checked name by name against the callable's own parameters (the nearest valid name in
-    the error) and coerced to their declared types, plus seq_len and seed from the data config."""
-    from t2mlr.training.config import coerce_declared
-
-    target = dataset_callable(cfg)
-    fields = signature_fields(target.__init__ if isinstance(target, type) else target)
-    name = "SyntheticChainDataset" if cfg.source == "synthetic" else cfg.factory
-    takes_any = any(p.kind is p.VAR_KEYWORD for p in inspect.signature(target).parameters.values())
-    if not takes_any:
-        check_known_names(cfg.kwargs, fields, f"keyword of {name} in data.kwargs")
-    kwargs = {key: coerce_declared(value, fields[key].type, f"data.kwargs.{key}") if key in fields else value
-              for key, value in cfg.kwargs.items()}
-    if cfg.source == "synthetic":
-        kwargs = {**SYNTHETIC_DEFAULTS, **kwargs}
-    accepted = inspect.signature(target).parameters
-    for key, value in (("seq_len", cfg.seq_len), ("seed", cfg.seed)):  # unless data.kwargs sets them
-        if key in accepted and key not in kwargs:
-            kwargs[key] = value
-    return kwargs
 
 
 def labels_aligned(dataset: Dataset, cfg: DataConfig) -> bool:
