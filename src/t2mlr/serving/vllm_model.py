@@ -44,6 +44,7 @@ from t2mlr.model.checkpoint_keys import current_key
 from t2mlr.model.fusion import CacheNorm, GatedFusion
 
 from .checks import check_engine_settings, t2mlr_config
+from .jacobi import JacobiIterates
 from .options import PrefillChoice
 from .state import (
     STATE_COPY_FUNCS,
@@ -281,7 +282,7 @@ class T2MLRModel(nn.Module):
         r_rows = self._incoming(layout, states, h_low)
         sub = layout.prefill_tokens()
         tokens = sub.tokens.to(h_low.device)
-        iterates = JacobiIterates(sub, r_rows[layout.num_decodes:], h_low.device)
+        iterates = JacobiIterates(sub.query_lens, r_rows[layout.num_decodes:], h_low.device)
         h_sub, pos_sub = h_low.index_select(0, tokens), positions.index_select(0, tokens)
         attend = None if layout.is_whole(sub) else sub
         r_read = iterates.start()
@@ -302,51 +303,6 @@ class T2MLRModel(nn.Module):
         last = torch.cat([torch.arange(layout.num_decodes), layout.prefill_starts + layout.prefill_lens - 1])
         self._store(states, layout, r_out.index_select(0, last.to(h_low.device)))
         return h_end
-
-
-class JacobiIterates:
-    """The iterates R⟨k⟩ that the prefill tokens read, per request, with `generate()`'s schedule: the seed,
-    refinements up to `depth` iterates in all; from the second iterate on, a request whose states moved by
-    no more than `tol` takes one more iterate and stops. A request stops on its own states, never on
-    another request's, so its prompt's result does not depend on the batch it shares."""
-
-    def __init__(self, sub: SubBatch, r_in: torch.Tensor, device: torch.device) -> None:
-        lens = sub.query_lens
-        starts = torch.cumsum(lens, 0) - lens
-        self.row_of_token = torch.repeat_interleave(torch.arange(len(lens)), lens).to(device)
-        self.first = starts.to(device)
-        self.previous = (torch.arange(int(lens.sum())) - 1).clamp(min=0).to(device)
-        self.r_in = r_in
-        self.stop_after = None  # per request: how many iterates it runs (set from the early stop)
-
-    def start(self) -> torch.Tensor:
-        """What the seed reads: R before the chunk at each chunk's first token, zero elsewhere."""
-        r_read = self.r_in.new_zeros(len(self.previous), self.r_in.shape[-1])
-        r_read[self.first] = self.r_in
-        return r_read
-
-    def shifted(self, r_out: torch.Tensor) -> torch.Tensor:
-        """What each token reads next: its predecessor's R, or the R before the chunk at its first token."""
-        r_read = r_out.index_select(0, self.previous)
-        r_read[self.first] = self.r_in
-        return r_read
-
-    def advance(self, k: int, r_read: torch.Tensor, r_next: torch.Tensor, depth: int,
-                tol: float | None) -> torch.Tensor:
-        """Take iterate k for the requests still iterating; apply the early stop of iterates 2..depth-1."""
-        if self.stop_after is None:
-            self.stop_after = torch.full((len(self.first),), depth, device=r_read.device)
-        if tol is not None and 2 <= k <= depth - 1:
-            moved = (r_next - r_read).abs().amax(dim=-1).double()
-            largest = torch.zeros(len(self.first), dtype=torch.float64, device=r_read.device)
-            largest.scatter_reduce_(0, self.row_of_token, moved, reduce="amax")
-            settled = (largest <= tol) & (self.stop_after == depth)
-            self.stop_after = torch.where(settled, torch.full_like(self.stop_after, k + 1), self.stop_after)
-        taking = (self.stop_after >= k)[self.row_of_token]
-        return torch.where(taking[:, None], r_next, r_read)
-
-    def finished(self, k: int) -> bool:
-        return bool((self.stop_after <= k).all())
 
 
 def _state_metadata(prefix: str) -> RecurrentStateMetadata | None:

