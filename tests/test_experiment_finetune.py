@@ -289,6 +289,21 @@ def test_paper_preset_configs_are_valid(task: str) -> None:
     assert sections["t2mlr:13-18"]["train_recurrence"] == "jacobi"
 
 
+def test_cpu_prosqa_trains_t2mlr_on_the_path_it_is_evaluated_on() -> None:
+    """The cpu ProsQA-Hard preset's T²MLR arms train on the exact path (a Jacobi path whose cache settles would
+    need d_forward >= 12 there and cost as much; see the preset's notes), and evaluation prefills exactly too."""
+    from t2mlr.experiments.finetune import FinetunePlan, model_sections, parse_arms
+    from t2mlr.experiments.finetune_presets import get_preset
+
+    preset = get_preset("cpu", "prosqa-hard")
+    tokenizer = build_task_tokenizer(["Every wumpus is a yumpus. ### yumpus"], ("### ",))
+    sections, _ = model_sections(FinetunePlan(preset, parse_arms(",".join(preset.arms))), tokenizer)
+    t2mlr_arms = [section for name, section in sections.items() if name.startswith("t2mlr")]
+    assert len(t2mlr_arms) == 2
+    assert all((s["train_recurrence"], s["eval_recurrence"]) == ("exact", "exact") for s in t2mlr_arms)
+    assert preset.prefill == "exact"
+
+
 def test_paper_gsm_aug_scores_every_gsm8k_test_problem(tmp_path: Path) -> None:
     """All 1319 problems of the test split (a directory holding that many stands in for GSM8K-Aug), not 1000."""
     from t2mlr.experiments.finetune_presets import get_preset
