@@ -126,7 +126,8 @@ def _add_finetune(sub: Any) -> None:
     p.add_argument("--data", default=None,
                    help="gsm-aug: a .jsonl/.parquet file, a directory with train and test splits (.jsonl, "
                         ".parquet, or a hub snapshot's data/*.parquet), or the hub set (whynlp/gsm8k-aug, "
-                        "whynlp/gsm8k-aug-nl); hotpotqa: such a file or directory")
+                        "whynlp/gsm8k-aug-nl); hotpotqa: such a file or directory (`t2mlr data hotpotqa-cot` builds "
+                        "one from HotpotQA and chain-of-thought traces)")
     p.add_argument("--variant", choices=("symbolic", "nl"), default=None, help="gsm-aug variant (default: symbolic)")
     p.add_argument("--from", dest="from_", nargs="+", default=None, metavar="DIR_OR_ARM=DIR",
                    help="start each arm from its own checkpoint (see above)")
