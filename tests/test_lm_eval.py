@@ -1,4 +1,5 @@
-"""The lm-eval model "t2mlr" scores the shipped offline task through the model's own, explicitly chosen path.
+"""The lm-eval model "t2mlr" scores the shipped offline task through the model's own, explicitly chosen path,
+and stock lm-eval (`lm_eval --model hf ... trust_remote_code=True`) scores a saved T²MLR model as it is.
 
 The saved test model's config says eval_recurrence="jacobi" with d_forward=1 (a poor approximation),
 so any forward that fell back to the config's path would change the scores: matching the exact
@@ -23,12 +24,16 @@ import torch  # noqa: E402
 from conftest import tiny_model  # noqa: E402
 from lm_eval.tasks import TaskManager  # noqa: E402
 from test_generation import build_tokenizer, save_model_dir  # noqa: E402
+from transformers import AutoTokenizer  # noqa: E402
 
 import t2mlr.evaluation.lm_eval_model  # noqa: E402,F401  (registers "t2mlr")
 from t2mlr import cli  # noqa: E402
 from t2mlr.evaluation import TASKS_DIR, harness  # noqa: E402
 from t2mlr.evaluation.commands import register  # noqa: E402
+from lm_eval.models.huggingface import HFLM  # noqa: E402
+
 from t2mlr.evaluation.harness import (  # noqa: E402
+    HFLM_ARGS,
     MODEL_ARGS,
     SHIPPED_TASKS,
     with_device,
@@ -215,8 +220,10 @@ def test_the_device_comes_from_one_place() -> None:
 
 
 def test_help_lists_every_model_arg_of_the_t2mlr_model() -> None:
-    parameters = set(inspect.signature(T2MLRLM.__init__).parameters) - {"self", "max_batch_size"}
-    assert set(MODEL_ARGS) == parameters  # max_batch_size only comes with lm-eval's batch_size=auto
+    """The t2mlr model's own arguments are listed one by one; the HFLM ones it lists are HFLM's."""
+    own = set(inspect.signature(T2MLRLM.__init__).parameters) - {"self", "pretrained", "kwargs"}
+    assert set(MODEL_ARGS) == own
+    assert set(HFLM_ARGS) <= set(inspect.signature(HFLM.__init__).parameters)
 
 
 def test_help_names_only_tasks_that_are_shipped(task_manager) -> None:
@@ -227,8 +234,9 @@ def test_eval_help_prints_the_t2mlr_section_then_lm_evals_help(capsys) -> None:
     assert cli.main(["eval", "--help"]) == 0
     printed = capsys.readouterr().out
     t2mlr_part, _, lm_eval_part = printed.partition("lm-eval's own help follows.")
-    for name in [*MODEL_ARGS, *SHIPPED_TASKS]:
+    for name in [*MODEL_ARGS, *HFLM_ARGS, *SHIPPED_TASKS]:
         assert f"\n  {name} " in t2mlr_part
+    assert "lm_eval --model hf --model_args pretrained=DIR,trust_remote_code=True" in t2mlr_part
     assert "`lm_eval --model t2mlr ...` on its own cannot work" in t2mlr_part
     assert "no plugin discovery" in t2mlr_part
     assert "usage: lm-eval" in lm_eval_part and "usage: lm-eval" not in t2mlr_part
@@ -277,3 +285,53 @@ def test_baselines_are_scored_through_the_same_entry(kind: str, task_manager, tm
         assert abs(score - expected) <= 1e-4
     with pytest.raises(ValueError, match="has no recurrence"):
         _evaluate(tmp_path / "baseline", task_manager, ["t2mlr_toy"], recurrence="jacobi")
+
+
+# ---------------------------------------------------------------------------------------------- stock lm-eval
+
+
+def _stock_lm_eval(model_dir: Path, out: Path, tasks: str, *extra: str) -> None:
+    """The stock `lm_eval` command a user types (docs/ecosystem.md), in a fresh process: --model hf loads the
+    directory through its remote code (`trust_remote_code=True`), which imports the installed package."""
+    command = [str(Path(sys.executable).parent / "lm_eval"), "--model", "hf",
+               "--model_args", f"pretrained={model_dir},trust_remote_code=True", "--tasks", tasks,
+               "--include_path", str(TASKS_DIR), "--device", "cpu", "--batch_size", "4",
+               "--output_path", str(out), "--log_samples", *extra]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_stock_lm_eval_scores_a_saved_model_as_the_t2mlr_models_exact_path(task_manager, tmp_path) -> None:
+    """`lm_eval --model hf ... trust_remote_code=True` on a saved T²MLR model (whose config evaluates on the
+    exact path, the default): every logged score equals `--model t2mlr` with recurrence=exact, and the
+    exact forward by hand."""
+    model_dir = save_model_dir(tmp_path / "model")
+    _stock_lm_eval(model_dir, tmp_path / "stock", "t2mlr_toy")
+    stock, stock_samples = _saved_results(tmp_path / "stock")
+    assert stock["config"]["model"] == "hf"
+    ours = _evaluate(model_dir, task_manager, ["t2mlr_toy"], recurrence="exact")
+    ours_by_doc = {sample["doc_id"]: [resp[0][0] for resp in sample["resps"]] for sample in ours["samples"]["t2mlr_toy"]}
+    model = tiny_model(dtype=torch.float32)
+    for sample in stock_samples:
+        logged = [float(resp[0][0]) for resp in sample["resps"]]
+        assert logged == pytest.approx(ours_by_doc[sample["doc_id"]], abs=1e-5)
+        arguments = [(args["arg_0"], args["arg_1"]) for args in sample["arguments"].values()]
+        assert logged == pytest.approx([_loglikelihood_by_hand(model, *pair) for pair in arguments], abs=1e-4)
+    assert stock["results"]["t2mlr_toy"]["acc,none"] == ours["results"]["t2mlr_toy"]["acc,none"]
+
+
+def test_stock_lm_eval_runs_on_a_debug_runs_checkpoint(tmp_path, monkeypatch) -> None:
+    """The debug preset (synthetic token ids) saves the tokenizer `t0 .. t63` with BOS and EOS, the ids its
+    model config names: stock lm-eval scores and generates with it."""
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["train", "debug", "--out", "runs/debug", "train.max_steps=2"]) == 0
+    final = tmp_path / "runs" / "debug" / "final"
+    saved = AutoTokenizer.from_pretrained(final, trust_remote_code=True)
+    config = json.loads((final / "config.json").read_text())
+    assert (saved.bos_token_id, saved.eos_token_id) == (config["bos_token_id"], config["eos_token_id"]) == (1, 2)
+    _stock_lm_eval(final, tmp_path / "stock", "t2mlr_toy,t2mlr_toy_gen", "--limit", "2")
+    (results_file,) = (tmp_path / "stock").rglob("results_*.json")
+    results = json.loads(results_file.read_text())["results"]
+    assert 0.0 <= results["t2mlr_toy"]["acc,none"] <= 1.0 and "exact_match,none" in results["t2mlr_toy_gen"]

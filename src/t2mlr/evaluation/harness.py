@@ -1,9 +1,15 @@
 """lm-eval's own command line with the "t2mlr" model registered, the shipped tasks on the task path and
 a device that exists on this machine.
 
-lm-eval 0.4.x finds models only in its in-process registry: it has no plugin discovery (it does not
-read the `lm_eval` entry-point group that pyproject declares), so a bare `lm_eval --model t2mlr ...`
-fails with "no model for this name". This runs the same command line after importing the registration:
+A saved T²MLR directory needs none of this: stock lm-eval scores it as the transformers causal LM it is,
+on the path its config names for evaluation (exact unless changed):
+
+    lm_eval --model hf --model_args pretrained=DIR,trust_remote_code=True --tasks TASKS --device cpu
+
+The model "t2mlr" (`t2mlr.evaluation.lm_eval_model`, lm-eval's HFLM plus the path arguments) names the
+path explicitly, Jacobi included, and records it in the results. lm-eval 0.4.x finds models only in its
+in-process registry (it reads no entry points), so a bare `lm_eval --model t2mlr ...` fails with "no
+model for this name"; this runs lm-eval's command line after importing the registration:
 
     python -m t2mlr.evaluation run --model t2mlr --model_args pretrained=DIR,recurrence=exact --tasks t2mlr_toy
     t2mlr eval run --model t2mlr --model_args pretrained=DIR,recurrence=jacobi,d_forward=8 --tasks arc_easy
@@ -31,24 +37,29 @@ from typing import Any
 from t2mlr.evaluation import TASKS_DIR
 from t2mlr.utils import resolve_device
 
-__all__ = ["MODEL_ARGS", "SHIPPED_TASKS", "help_text", "main", "run_harness", "with_device", "with_shipped_tasks"]
+__all__ = ["HFLM_ARGS", "MODEL_ARGS", "SHIPPED_TASKS", "help_text", "main", "run_harness", "with_device", "with_shipped_tasks"]
 
 HELP_FLAGS = ("-h", "--help")
 HELP_WIDTH = 100
 
+# The arguments --model t2mlr adds to lm-eval's HFLM (`T2MLRLM.__init__`).
 MODEL_ARGS: dict[str, str] = {
-    "pretrained": "DIR: a saved T²MLR model with its tokenizer (save_pretrained of both); required",
     "recurrence": "exact (default: the definition, middle block token by token) or jacobi (temporal-parallel "
     "approximation); used on every scoring call and every generation, never taken from the saved config",
     "d_forward": "N: Jacobi cache iterations (recurrence=jacobi only; default: the saved config's d_forward); "
     "position t is exact once N >= t, so N >= sequence length + 1 gives the exact scores",
-    "tokenizer": "tokenizer directory, tokenizer.json or hub id, when DIR holds none",
+    "device": "as HFLM's (cpu, cuda, cuda:1, ...; the same as --device, give one), but the default is CUDA if "
+    "available, else the CPU",
+}
+# The HFLM arguments most runs set (`--model t2mlr` takes every HFLM argument; lm-eval documents them all).
+HFLM_ARGS: dict[str, str] = {
+    "pretrained": "DIR: a saved model with its tokenizer (save_pretrained of both); required",
+    "tokenizer": "tokenizer directory or hub id, when DIR holds none",
     "dtype": "auto (as saved), float32, bfloat16 or float16",
-    "device": "auto (CUDA if available, else CPU), cpu, cuda, cuda:1, ...; the same as --device (give one)",
-    "batch_size": "requests per forward, a positive int (no 'auto'); the same as --batch_size",
+    "batch_size": "requests per forward: an int, or auto / auto:N (the largest that fits); the same as --batch_size",
     "max_length": "context limit in tokens (default: the base model's max_position_embeddings)",
-    "max_gen_toks": "generation budget when a task sets none (default 256)",
     "add_bos_token": "true/false: add the tokenizer's special tokens when encoding (default: the tokenizer's own)",
+    "peft": "a PEFT adapter directory to load over DIR (e.g. a LoRA saved by TRL's SFTTrainer)",
 }
 
 SHIPPED_TASKS: dict[str, str] = {
@@ -60,7 +71,7 @@ SHIPPED_TASKS: dict[str, str] = {
 
 def help_text() -> str:
     """The t2mlr section printed before lm-eval's own help."""
-    width = max(map(len, [*MODEL_ARGS, *SHIPPED_TASKS]))
+    width = max(map(len, [*MODEL_ARGS, *HFLM_ARGS, *SHIPPED_TASKS]))
 
     def listing(entries: dict[str, str]) -> str:
         return "\n".join(
@@ -68,22 +79,28 @@ def help_text() -> str:
             for name, text in entries.items()
         )
 
-    model_args, tasks = listing(MODEL_ARGS), listing(SHIPPED_TASKS)
+    model_args, hflm_args, tasks = listing(MODEL_ARGS), listing(HFLM_ARGS), listing(SHIPPED_TASKS)
     return f"""\
 t2mlr eval / python -m t2mlr.evaluation: lm-evaluation-harness for T²MLR models
 
 Everything after `eval` is lm-eval's own command line. Before running it, these wrappers register
-the model type "t2mlr" (its scores and generations always use the path named in --model_args), add
-the shipped offline tasks to --include_path, and pick the device CUDA-if-available-else-CPU when none
-is given (lm-eval's own default is cuda:0, which fails on a machine without CUDA).
+the model type "t2mlr" (lm-eval's HFLM whose scores and generations always use the path named in
+--model_args), add the shipped offline tasks to --include_path, and pick the device
+CUDA-if-available-else-CPU when none is given (lm-eval's own default is cuda:0, which fails on a machine
+without CUDA).
 
+Stock lm-eval scores a saved T²MLR directory too, on the path its config names for evaluation
+(eval_recurrence, exact unless changed), without recording it:
+  lm_eval --model hf --model_args pretrained=DIR,trust_remote_code=True --tasks TASKS --device cpu
 `lm_eval --model t2mlr ...` on its own cannot work: lm-eval 0.4.x looks models up only in its
 in-process registry and has no plugin discovery, so "t2mlr" exists only once
 t2mlr.evaluation.lm_eval_model has been imported. Use these wrappers, or in Python
 `import t2mlr.evaluation.lm_eval_model` before `lm_eval.simple_evaluate(model="t2mlr", ...)`.
 
---model_args of --model t2mlr (comma-separated key=value):
+--model_args of --model t2mlr (comma-separated key=value), its own:
 {model_args}
+and every argument of lm-eval's --model hf (HFLM), e.g.:
+{hflm_args}
 
 Shipped offline tasks (no download):
 {tasks}
@@ -92,7 +109,7 @@ Hub tasks (arc_easy, arc_challenge, hellaswag, openbookqa, piqa, sciq, winogrand
 Examples:
   t2mlr eval run --model t2mlr --model_args pretrained=DIR,recurrence=exact --tasks t2mlr_toy
   t2mlr eval run --model t2mlr --model_args pretrained=DIR,recurrence=jacobi,d_forward=16 \\
-      --tasks arc_easy,hellaswag --batch_size 8
+      --tasks arc_easy,hellaswag --batch_size auto
 
 lm-eval's own help follows.
 {"-" * HELP_WIDTH}

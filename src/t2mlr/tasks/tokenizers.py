@@ -32,7 +32,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from t2mlr.tasks.s5 import ALL_TOKENS
@@ -103,18 +103,43 @@ def build_word_tokenizer(vocab_tokens: Iterable[str], split_pattern: str | None 
     )
 
 
-def numbered_tokenizer(vocab_size: int, pad_token_id: int = 0, prefix: str = "t") -> PreTrainedTokenizerFast:
+def numbered_tokenizer(
+    vocab_size: int, pad_token_id: int = 0, prefix: str = "t", bos_token_id: int | None = None,
+    eos_token_id: int | None = None,
+) -> PreTrainedTokenizerFast:
     """Words `t0 t1 ... t{V-1}` for token ids 0..V-1, and nothing else: a tokenizer for data that is
-    token ids only (the trainer's synthetic data), so its runs save a tokenizer that `t2mlr generate`
-    and `t2mlr eval` can use (`t2mlr generate runs/debug/final --prompt "t3 t17"`). The padding token is
-    the data's padding id; unknown words map to it too."""
+    token ids only (the trainer's synthetic data), so its runs save a tokenizer that `t2mlr generate`,
+    `t2mlr eval` and stock lm-eval can use (`t2mlr generate runs/debug/final --prompt "t3 t17"`). The
+    padding token is the data's padding id; unknown words map to it too.
+
+    BOS and EOS are words of the vocabulary too (tools such as lm-eval's HFLM need both: BOS or EOS
+    prefixes an empty context, EOS ends a generation). By default they are `t1` and `t2`, the ids
+    transformers' Llama config gives BOS and EOS, which a preset's model config inherits, so the tokenizer
+    and `generate()` stop at the same token; the padding id when the vocabulary is smaller. Nothing adds
+    them to encoded text."""
     if vocab_size < 1 or not 0 <= pad_token_id < vocab_size:
         raise ValueError(f"need vocab_size >= 1 and 0 <= pad_token_id < vocab_size, got {vocab_size}, {pad_token_id}")
+    bos_token_id = _special_id(bos_token_id, 1, pad_token_id, vocab_size, "bos_token_id")
+    eos_token_id = _special_id(eos_token_id, 2, pad_token_id, vocab_size, "eos_token_id")
     vocab = {f"{prefix}{i}": i for i in range(vocab_size)}
-    pad = f"{prefix}{pad_token_id}"
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=pad))
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=f"{prefix}{pad_token_id}"))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token=pad, unk_token=pad)
+    def word(i: int) -> AddedToken:  # whole words only: `t1` must not match inside `t17`
+        return AddedToken(f"{prefix}{i}", single_word=True, special=True)
+
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token=word(pad_token_id), unk_token=word(pad_token_id),
+        bos_token=word(bos_token_id), eos_token=word(eos_token_id),
+    )
+
+
+def _special_id(given: int | None, default: int, pad_token_id: int, vocab_size: int, name: str) -> int:
+    """A special token's id: the one given (checked), else `default` if the vocabulary has it, else the pad id."""
+    if given is None:
+        return default if default < vocab_size else pad_token_id
+    if isinstance(given, bool) or not isinstance(given, int) or not 0 <= given < vocab_size:
+        raise ValueError(f"{name} must be an id in [0, {vocab_size}), got {given!r}")
+    return given
 
 
 def word_vocab_from_texts(texts: Iterable[str], pattern: str = WORD_PATTERN) -> list[str]:
