@@ -128,7 +128,8 @@ def checked_cache(past_key_values: Any, use_cache: bool | None) -> T2MLRCache | 
     if not isinstance(past_key_values, (T2MLRCache, T2MLRStaticCache)):
         raise ValueError(
             "past_key_values must be a T2MLRCache or T2MLRStaticCache (they carry the recurrent state), "
-            f"got {type(past_key_values).__name__}"
+            f"got {type(past_key_values).__name__} (PEFT's prefix tuning passes such a cache of virtual keys, "
+            "which have no recurrent state: it is not supported; LoRA and prompt tuning are)"
         )
     if use_cache is False:
         raise ValueError("use_cache=False contradicts the past_key_values that was passed")
@@ -209,3 +210,35 @@ def checked_initial_states(
             f"got {tuple(states.shape)}"
         )
     return states.detach()
+
+
+def check_block_count(layers: Sequence[Any], num_layers: int) -> None:
+    """The backbone runs the blocks its config places (l_start..l_end counts in them): a block list that was
+    changed after building (PEFT's `layer_replication`) would leave blocks unrun or shift the recurrence."""
+    if len(layers) != num_layers:
+        raise ValueError(
+            f"the backbone holds {len(layers)} decoder blocks but its config places the recurrence in a "
+            f"{num_layers}-block model; changing the block list (PEFT's layer_replication) is not supported"
+        )
+
+
+GATES_AND_WHAT_THEY_SCALE = {"gamma_cur": ("f_cur",), "gamma_rec": ("f_rec", "w_rec")}
+
+
+def check_gates_pass_gradients(fusion: torch.nn.Module) -> None:
+    """Training that adapts the fusion's linears (LoRA on f_cur, f_rec, w_rec) needs the gates that scale
+    them to be trainable too, or non-zero: tanh(γ) multiplies their contribution, so behind a frozen γ = 0
+    they get no gradient, ever. Reads parameter names, so a PEFT-wrapped fusion (`modules_to_save`, LoRA
+    layers) is checked as it is; the gates' values are read (one host sync) only in the failing case."""
+    params = list(fusion.named_parameters())
+    for gate, scaled in GATES_AND_WHAT_THEY_SCALE.items():
+        gates = [p for name, p in params if name.split(".")[-1] == gate]
+        if not gates or any(p.requires_grad for p in gates):
+            continue
+        trained = [name for name, p in params if p.requires_grad and set(scaled) & set(name.split("."))]
+        if trained and all(float(p) == 0.0 for p in gates):
+            raise ValueError(
+                f"{', '.join(trained)} of the fusion are trained but their gate {gate} is frozen at 0, so they get "
+                f"no gradient (tanh({gate}) multiplies them): train the gates too (with PEFT: "
+                "modules_to_save=['fusion'] instead of LoRA on the fusion's linears)"
+            )

@@ -201,11 +201,27 @@ def layer_inputs(
             position_ids=layout.position_ids,
             **extra,
         )
+    if layout.document_ids is not None:
+        _check_masks_keep_documents(built.values(), base_config)
     return LayerInputs(
         masks=[built[kind] for kind in kinds],
         position_ids=layout.position_ids,
         position_embeddings=rotary_emb(hidden, position_ids=layout.position_ids),
         cache=cache,
+    )
+
+
+def _check_masks_keep_documents(masks: Any, base_config: PretrainedConfig) -> None:
+    """Packed rows keep attention inside each document through the same-document mask function, which only
+    a materialised 4D mask carries ('sdpa', 'eager'); flash attention's masks (None or 2D) drop it, and
+    its varlen path cannot serve the exact path's one-token steps, so documents would attend to each other."""
+    if all(isinstance(mask, torch.Tensor) and mask.dim() == 4 for mask in masks):
+        return
+    raise ValueError(
+        "packed rows (several documents in one row: document_ids, or position_ids restarting at 0 as TRL's "
+        "padding_free and packing write them) need attn_implementation 'sdpa' or 'eager', whose masks keep each "
+        f"document to itself; {getattr(base_config, '_attn_implementation', None)!r} does not: load the model "
+        "with attn_implementation='sdpa', or train without packing / padding_free"
     )
 
 

@@ -61,6 +61,7 @@ from .wrapping import (
     base_decoder,
     call_block,
     checkpoint_blocks,
+    checkpoints_reentrantly,
     follow_placement,
 )
 
@@ -190,6 +191,9 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
         path = self.forward_path(
             recurrence, d_forward=d_forward, d_backward=d_backward, jacobi_tol=jacobi_tol, bptt_window=bptt_window
         )
+        checks.check_block_count(self.layers, self.config.num_layers)
+        if self.training and torch.is_grad_enabled() and not torch.compiler.is_compiling():
+            checks.check_gates_pass_gradients(self.fusion)
         cache = checks.checked_cache(past_key_values, use_cache)
         past = checks.cached_length(cache)
         layout, attention_mask = checks.checked_chunk(
@@ -361,6 +365,8 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Replay from exact states: one fused pass of the middle block reading them; with gradients on, its
         backward is that of `depth` Jacobi iterates at this fixed point (`FixedPointBackward`)."""
+        if torch.is_grad_enabled():
+            self._check_replay_checkpointing()
         latest_real = latest_real_index(layout.real)
         r_given = states.to(h_low.dtype).detach().requires_grad_(torch.is_grad_enabled())
         r_read = states_read(r_given, r_in, latest_real, layout.document_start)
@@ -369,6 +375,16 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
         if torch.is_grad_enabled():
             h_end, r_written = FixedPointBackward.apply(h_end, r_written, r_given, depth)
         return h_end, gather_states(r_written, r_in, latest_real)
+
+    def _check_replay_checkpointing(self) -> None:
+        """The replay's backward (`FixedPointBackward`) calls torch.autograd.grad, which reentrant activation
+        checkpointing refuses mid-backward; refused here, before the forward, with the fix."""
+        if any(checkpoints_reentrantly(self.layers[i]) for i in self.middle_layer_indices()):
+            raise ValueError(
+                "gradient checkpointing with use_reentrant=True cannot run the replayed middle block (bptt_window, "
+                "or exact_states=True), whose backward calls torch.autograd.grad: enable it with "
+                "gradient_checkpointing_kwargs={'use_reentrant': False} (transformers' default)"
+            )
 
     # ----------------------------------------------------------------------------- Jacobi path
     def _jacobi_middle(

@@ -83,6 +83,17 @@ def checkpoint_blocks(layers: nn.ModuleList, indices: Iterable[int], enabled: bo
         layers[i]._gradient_checkpointing_func = lambda fn, *a: checkpoint(fn, *a, use_reentrant=False)
 
 
+def checkpoints_reentrantly(layer: nn.Module) -> bool:
+    """Whether a block runs under reentrant activation checkpointing in this forward: transformers'
+    `gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})` (torch's default
+    when the keyword is left out), in training mode."""
+    if not (getattr(layer, "gradient_checkpointing", False) and layer.training):
+        return False
+    function = getattr(layer, "_gradient_checkpointing_func", None)
+    keywords = getattr(function, "keywords", None)  # transformers stores a functools.partial of checkpoint
+    return keywords is not None and keywords.get("use_reentrant") is not False
+
+
 def call_block(layer: nn.Module, hidden: torch.Tensor, **kwargs: Any) -> torch.Tensor:
     """One decoder-layer call; checkpointed (when enabled and training) only if it writes no KV cache."""
     if kwargs.get("past_key_values") is not None and isinstance(layer, GradientCheckpointingLayer):
