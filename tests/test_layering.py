@@ -22,6 +22,7 @@ LAYERS = {
     "tasks": 2, "generation": 2, "corpus": 2, "serving": 2,
     "baselines": 3,
     "training": 4, "evaluation": 4,
+    "rl": 4.5,  # reinforcement learning on TRL, above the training loop it reuses (configs, optimizer, metrics)
     "analysis": 5,
     "experiments": 6,
     "cli": 7,

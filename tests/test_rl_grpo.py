@@ -1,153 +1,24 @@
-"""GRPO with replayed states: rewards, advantages and the loss of one group against an independent
-reference (hand-decoded answers, the task's own solver, `statistics`, the exact path row by row), the
-loss formula on hand-computed cases, resume, config strictness and the command."""
+"""`t2mlr rl grpo` (T2MLRGRPOTrainer behind a YAML config): the config's strictness and its translation into TRL's
+batch layout, the command end to end (metrics, curve, final model, no silent overwrite), a resumed run repeating
+the uninterrupted one, the KL reference of a fresh policy, and the README's RL chain at a tiny scale. The
+trainer's log-probabilities, loss and gradients are checked against the exact path in test_rl_trl.py."""
 
 from __future__ import annotations
 
 import json
-import math
-import statistics
 
 import pytest
-import torch
 
 from t2mlr.cli import main
-from t2mlr.tasks.variable_assignment import solve_variable_assignment
+from t2mlr.rl.grpo import INITIAL_DIR, batch_layout, load_grpo_config, run_grpo, trainer_arguments
 from t2mlr.training.config import ConfigError
-from t2mlr.training.grpo import (
-    GrpoTrainer,
-    clipped_token_losses,
-    completion_mask,
-    group_advantages,
-    load_grpo_config,
-    token_weights,
-)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
+TIMINGS = ("rollout_s", "step_time", "update_s")
 
 
-def tiny_trainer(tmp_path, *overrides: str) -> GrpoTrainer:
-    cfg = load_grpo_config("grpo_tiny", ["logging.progress_bar=false", *overrides])
-    return GrpoTrainer(cfg, tmp_path / "run")
-
-
-def open_gates(model) -> None:
-    with torch.no_grad():
-        model.fusion.gamma_cur.fill_(0.5)
-        model.fusion.gamma_rec.fill_(-0.8)
-        model.fusion.w_rec.weight.mul_(10.0)
-
-
-def hand_reward(tokenizer, prompt: str, generated: list[int]) -> float:
-    """Symbols up to the end-of-text token, read by hand; right when the first is the solver's answer."""
-    symbols = []
-    for token in generated:
-        if token == tokenizer.eos_token_id:
-            break
-        symbols.append(tokenizer.convert_ids_to_tokens(token))
-    return 1.0 if symbols and symbols[0] == solve_variable_assignment(prompt) else 0.0
-
-
-def exact_row_log_probs(model, sequence: torch.Tensor, prompt_length: int, temperature: float) -> torch.Tensor:
-    """log π of every generated token of one row, alone and on the exact path (token by token)."""
-    out = model(sequence[None], recurrence="exact")
-    logits = out.logits[0, prompt_length - 1 : -1].double() / temperature
-    return torch.log_softmax(logits, dim=-1).gather(-1, sequence[prompt_length:, None]).squeeze(-1)
-
-
-def test_one_group_matches_an_independent_reference(tmp_path) -> None:
-    group, depth_covering_the_row = 4, 64
-    trainer = tiny_trainer(tmp_path, "grpo.prompts_per_step=2", f"grpo.group_size={group}",
-                           f"grpo.replay_depth={depth_covering_the_row}", "grpo.max_new_tokens=3", "grpo.temperature=1.3",
-                           "train.seed=1")  # a seed whose first group holds a right and a wrong completion
-    model = trainer.model.to(torch.float64)
-    open_gates(model)
-    rollout = trainer.collect(0)
-    rows, temperature = rollout.sequences.shape[0], 1.3
-    assert rows == 2 * group and rollout.states.dtype == torch.float64
-
-    prompt_length = rollout.prompt_length  # variable-assignment prompts of one setting share their length
-    assert bool(rollout.attention_mask.all())
-    rewards = [hand_reward(trainer.tokenizer, rollout.samples[i // group]["prompt"], rollout.sequences[i, prompt_length:].tolist())
-               for i in range(rows)]
-    assert rollout.rewards.tolist() == rewards
-
-    first = rewards[:group]
-    assert 0 < sum(first) < group
-    spread = statistics.stdev(first)
-    expected_advantages = [(r - statistics.mean(first)) / (spread + 1e-4) for r in first]
-    torch.testing.assert_close(rollout.advantages[:group].double(), torch.tensor(expected_advantages, dtype=torch.float64),
-                               rtol=1e-6, atol=1e-6)
-
-    # the loss of group 0 and its gradient: replay (from the rollout's states) against the exact path, row by row
-    weights = token_weights(rollout.mask, "grpo", 3)
-    model.zero_grad(set_to_none=True)
-    loss, _, _ = trainer.policy_loss(rollout, slice(0, group), weights)
-    loss.backward()
-    replay_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-
-    model.zero_grad(set_to_none=True)
-    reference = torch.zeros((), dtype=torch.float64)
-    for i in range(group):
-        log_probs = exact_row_log_probs(model, rollout.sequences[i], prompt_length, temperature)
-        counted = [t for t in range(log_probs.numel()) if bool(rollout.mask[i, t])]
-        ratio_terms = [torch.exp(log_probs[t] - log_probs[t].detach()) for t in counted]  # π_old = π (one iteration)
-        per_row = sum(-(ratio * expected_advantages[i]) for ratio in ratio_terms) / len(counted)
-        reference = reference + per_row / rows
-    reference.backward()
-    assert abs(float(loss.detach()) - float(reference.detach())) < 1e-9
-    assert abs(float(reference.detach()) + sum(expected_advantages) / rows) < 1e-9  # ratio 1: the value is −Σ A / N
-    # transformers' RMSNorm takes its variance in float32: two float64 orders of the same sum agree to ~1e-7
-    for name, grad in replay_grads.items():
-        torch.testing.assert_close(grad, model.get_parameter(name).grad, rtol=1e-5, atol=1e-7, msg=lambda m, n=name: f"{n}: {m}")
-    assert replay_grads["model.fusion.w_rec.weight"].abs().max() > 0  # the recurrence takes part in the gradient
-
-
-def test_clipped_losses_and_kl_on_hand_computed_tokens() -> None:
-    log_probs = torch.log(torch.tensor([[0.5, 0.2], [0.3, 0.9]]))
-    old = torch.log(torch.tensor([[0.25, 0.2], [0.6, 0.9]]))  # ratios 2, 1 / 0.5, 1
-    ref = torch.log(torch.tensor([[0.4, 0.1], [0.3, 0.5]]))
-    advantages = torch.tensor([1.5, -2.0])
-    losses, kl, clipped = clipped_token_losses(log_probs, old, advantages, 0.2, 0.28, ref, beta=0.1)
-    expected = []
-    rows = zip([[0.5, 0.2], [0.3, 0.9]], [[0.25, 0.2], [0.6, 0.9]], [[0.4, 0.1], [0.3, 0.5]])
-    for i, (row_p, row_old, row_ref) in enumerate(rows):
-        for p, o, q in zip(row_p, row_old, row_ref):
-            ratio = p / o
-            a = float(advantages[i])
-            clip = min(max(ratio, 0.8), 1.28)
-            k = q / p - math.log(q / p) - 1
-            expected.append(-min(ratio * a, clip * a) + 0.1 * k)
-    torch.testing.assert_close(losses.flatten(), torch.tensor(expected), rtol=1e-6, atol=1e-6)
-    assert clipped.tolist() == [[True, False], [True, False]]  # 2 > 1.28 with A > 0; 0.5 < 0.8 with A < 0
-    assert float(kl[1, 0]) == pytest.approx(0.0, abs=1e-7)
-
-
-def test_completion_mask_and_the_three_normalisations() -> None:
-    ids = torch.tensor([[5, 2, 7, 7], [5, 6, 7, 8], [2, 2, 2, 2]])
-    mask = completion_mask(ids, eos_token_id=2)
-    assert mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]]
-    losses = torch.tensor([[1.0, 2.0, 9.0, 9.0], [1.0, 1.0, 1.0, 5.0], [4.0, 9.0, 9.0, 9.0]])
-    per_row_means = [(1 + 2) / 2, (1 + 1 + 1 + 5) / 4, 4.0]
-    assert float((losses * token_weights(mask, "grpo", 4)).sum()) == pytest.approx(sum(per_row_means) / 3)
-    assert float((losses * token_weights(mask, "bnpo", 4)).sum()) == pytest.approx((3 + 8 + 4) / 7)
-    assert float((losses * token_weights(mask, "dr_grpo", 4)).sum()) == pytest.approx((3 + 8 + 4) / 12)
-    advantages = group_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0]), 3, scale=False)
-    assert advantages.tolist() == pytest.approx([2 / 3, -1 / 3, -1 / 3, -2 / 3, 1 / 3, 1 / 3])
-
-
-def test_a_resumed_run_repeats_the_uninterrupted_one(tmp_path) -> None:
-    def run(out, stop_after=None, resume=False):
-        cfg = load_grpo_config("grpo_tiny", ["logging.progress_bar=false", "eval.every=0"])
-        return GrpoTrainer(cfg, out, resume=resume).train(stop_after)
-
-    straight = run(tmp_path / "a")
-    run(tmp_path / "b", stop_after=2)
-    resumed = run(tmp_path / "b", resume=True)
-    keys = ("reward_mean", "loss", "grad_norm")
-    assert [[r[k] for k in keys] for r in resumed] == [[r[k] for k in keys] for r in straight[2:]]
-    lines = [json.loads(x) for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in lines] == [1, 2, 3, 4]
+def metrics(run_dir) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_config_is_strict(tmp_path) -> None:
@@ -159,6 +30,20 @@ def test_config_is_strict(tmp_path) -> None:
         load_grpo_config("grpo_tiny", ["task.name=chess"])
     with pytest.raises(ConfigError, match="exactly one of policy"):
         load_grpo_config("grpo_tiny", ["policy=runs/x"])
+    with pytest.raises(ConfigError, match="micro_batch_size=3 must divide the 16 completions"):
+        load_grpo_config("grpo_tiny", ["grpo.micro_batch_size=3"])
+
+
+def test_the_batch_layout_fills_each_step_with_its_completions(tmp_path) -> None:
+    cfg = load_grpo_config("grpo_tiny", ["grpo.prompts_per_step=6", "grpo.group_size=4", "grpo.micro_batch_size=4"])
+    assert batch_layout(cfg.grpo, world_size=1) == (4, 6)  # 24 completions: 6 chunks of 4
+    assert batch_layout(cfg.grpo, world_size=2) == (4, 3)  # 12 per process
+    args = trainer_arguments(cfg, tmp_path, world_size=1)
+    per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
+    assert per_step == args.generation_batch_size == 24 and args.num_generations == 4
+    assert args.replay_depth == cfg.grpo.replay_depth and args.scale_rewards == "group" and not args.bf16
+    with pytest.raises(ConfigError, match="do not split over 5 processes"):
+        batch_layout(cfg.grpo, world_size=5)
 
 
 def test_the_command_runs_and_draws_the_curve(tmp_path, capsys) -> None:
@@ -166,7 +51,38 @@ def test_the_command_runs_and_draws_the_curve(tmp_path, capsys) -> None:
     assert main(["rl", "grpo", "grpo_tiny", "--out", str(out), "train.max_steps=2", "eval.every=1"]) == 0
     assert "mean reward" in capsys.readouterr().out
     assert (out / "reward.png").is_file() and (out / "final" / "model.safetensors").is_file()
+    records = metrics(out)
+    assert [(r["split"], r["step"]) for r in records] == [("eval", 0), ("eval", 1), ("train", 1), ("eval", 2), ("train", 2)]
+    assert all(r["update_s"] > 0 and "entropy" in r for r in records if r["split"] == "train")
     assert main(["rl", "grpo", "grpo_tiny", "--out", str(out), "train.max_steps=2"]) == 2  # refuses to overwrite
+    assert main(["rl", "grpo", "grpo_tiny", "--out", str(out), "--resume", "grpo.beta=0.1"]) == 2  # another config
+
+
+def test_a_resumed_run_repeats_the_uninterrupted_one(tmp_path) -> None:
+    overrides = ["logging.progress_bar=false", "eval.every=0", "checkpoint.every=0", "grpo.prompts_per_step=8",
+                 "train.seed=1"]  # a seed whose step 4 samples a rewarded completion, so a gradient moves the policy
+
+    def run(out, stop_after=None, resume=False):
+        return run_grpo(load_grpo_config("grpo_tiny", overrides), out, resume=resume, stop_after=stop_after)
+
+    straight = run(tmp_path / "a")
+    run(tmp_path / "b", stop_after=2)
+    resumed = run(tmp_path / "b", resume=True)
+    drop = lambda r: {k: v for k, v in r.items() if k not in TIMINGS}  # noqa: E731
+    assert [drop(r) for r in resumed] == [drop(r) for r in straight[2:]]
+    assert any(r["grad_norm"] > 0 for r in straight[2:])
+    assert [r["step"] for r in metrics(tmp_path / "b")] == [1, 2, 3, 4]
+
+
+def test_a_kl_term_loads_its_reference_from_the_saved_initial_policy(tmp_path) -> None:
+    """A fresh policy with beta > 0 is saved first, so that TRL loads the frozen reference from its path; with
+    iterations = 2 every second step reuses a rollout (no rollout metrics, the iterated replay)."""
+    cfg = load_grpo_config("grpo_tiny", ["logging.progress_bar=false", "eval.every=0", "checkpoint.every=0",
+                                          "grpo.beta=0.5", "grpo.iterations=2"])
+    records = run_grpo(cfg, tmp_path / "run")
+    assert (tmp_path / "run" / INITIAL_DIR / "model.safetensors").is_file()
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert ["reward" in r for r in records] == [True, False, True, False] and all("kl" in r for r in records)
 
 
 def load_benchmark(name: str):
@@ -191,8 +107,7 @@ def test_readme_rl_commands_at_a_tiny_scale(tmp_path, capsys) -> None:
     assert main(["rl", "grpo", "grpo_cpu", "--out", str(rl), f"policy={sft / 'final'}", "train.max_steps=2",
                  "grpo.prompts_per_step=2", "grpo.group_size=2", "eval.every=1", "eval.num_prompts=4",
                  "checkpoint.every=0", "logging.progress_bar=false"]) == 0
-    records = [json.loads(x) for x in (rl / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records if r["split"] == "eval"] == [0, 1, 2]
+    assert [r["step"] for r in metrics(rl) if r["split"] == "eval"] == [0, 1, 2]
     capsys.readouterr()
 
     load_benchmark("replay_overhead").main(["--hidden", "64", "--vocab", "128", "--seq", "12", "--repeats", "1",
@@ -207,19 +122,3 @@ def test_readme_rl_commands_at_a_tiny_scale(tmp_path, capsys) -> None:
     load_benchmark("stale_states").main(["--epochs", "2", "--rows", "8", "--batch", "4", "--seq", "16"])
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 2 |")]
     assert len(rows) == 3 and "warm" in rows[2]
-
-
-def test_kl_to_the_reference_and_several_updates_per_rollout(tmp_path) -> None:
-    """beta > 0 keeps a frozen copy of the initial policy (log-probs on the exact path); iterations > 1 takes
-    π_old from the rollout (replayed at depth 1), so the second update's ratios move away from 1."""
-    trainer = tiny_trainer(tmp_path, "grpo.beta=0.5", "grpo.iterations=2", "train.seed=1", "optim.lr=0.05",
-                           "grpo.prompts_per_step=2", "eval.every=0", "checkpoint.every=0")
-    assert trainer.reference is not None and not any(p.requires_grad for p in trainer.reference.parameters())
-    rollout = trainer.collect(0)
-    with torch.no_grad():  # π_old, π_ref and the replayed π agree before any update
-        now = torch.cat([trainer.policy_loss(rollout, slice(i, i + 1), token_weights(rollout.mask, "grpo", 2))[1][None]
-                         for i in range(rollout.sequences.shape[0])])
-    torch.testing.assert_close(rollout.old_log_probs, rollout.ref_log_probs, rtol=0, atol=1e-5)
-    assert float(now.abs().max()) < 1e-6  # KL to the reference is 0 at the start
-    stats = trainer.update(rollout)
-    assert stats.kl > 0 and math.isfinite(stats.loss)  # after the first update the policy left the reference

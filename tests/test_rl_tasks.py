@@ -1,7 +1,7 @@
 """The RL tasks S5-Retrieval and arithmetic: rewards on hand-written completions (right, wrong, malformed)
 against references computed apart from the task (the S5 targets recomputed from the input alone, the
-arithmetic chain evaluated by hand), deterministic and disjoint prompt streams, strict settings, and a
-two-step GRPO run on each."""
+arithmetic chain evaluated by hand), deterministic and disjoint prompt streams, strict settings, the tasks as TRL
+datasets and reward functions, and a two-step GRPO run on each."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 
 from t2mlr.tasks.s5 import compose, is_perm_token, token_to_perm
 from t2mlr.tasks.s5_retrieval import s5_targets_from_input
+from t2mlr.rl.grpo import load_grpo_config, run_grpo
+from t2mlr.rl.tasks import TaskReward, build_task, prompt_dataset
 from t2mlr.training.config import ConfigError
-from t2mlr.training.grpo import GrpoTrainer, load_grpo_config
-from t2mlr.training.rl_tasks import build_task
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -135,12 +135,31 @@ def test_two_grpo_steps_on_the_task(tmp_path, name, settings, vocab, positions, 
         "logging.progress_bar=false", f"task.name={name}", f"task.kwargs={kwargs}", f"model.base.vocab_size={vocab}",
         f"model.base.max_position_embeddings={positions}", f"grpo.max_new_tokens={new_tokens}", "grpo.prompts_per_step=2",
         "grpo.group_size=2", "train.max_steps=2", "eval.every=1", "eval.num_prompts=2", "checkpoint.every=0"])
-    records = GrpoTrainer(cfg, tmp_path / "run").train()
+    records = run_grpo(cfg, tmp_path / "run")
     assert [r["step"] for r in records] == [1, 2]
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines if r["split"] == "eval"] == [0, 1, 2]
     train = [r for r in lines if r["split"] != "eval"]
-    assert [r["step"] for r in train] == [1, 2] and all(0.0 <= r["reward_mean"] <= 1.0 for r in train)
+    assert [r["step"] for r in train] == [1, 2] and all(0.0 <= r["reward"] <= 1.0 for r in train)
+    assert all(r[f"rewards/{name}/mean"] == r["reward"] for r in train)  # the task's scorer is the one reward
+
+
+@pytest.mark.parametrize(("name", "settings"), [("variable_assignment", {}), ("s5_retrieval", S5_SMALL),
+                                                ("arithmetic", ARITHMETIC_SMALL)])
+def test_the_task_as_a_trl_dataset_and_reward_function(name, settings) -> None:
+    """`prompt_dataset` rows carry the prompt and the sample; `TaskReward` scores completions with the task's scorer
+    (the gold answer gets 1, a wrong one 0)."""
+    task = build_task(name, seed=2, **settings)
+    dataset = prompt_dataset(task, 3, 4, "eval")
+    samples = task.prompts(3, 4, "eval")
+    assert dataset["prompt"] == [s["prompt"] for s in samples]
+    gold = [s["answer"] for s in samples]
+    reward = TaskReward(task)
+    assert reward.__name__ == name
+    assert reward(dataset["prompt"], gold, sample=dataset["sample"]) == [1.0] * 4
+    assert reward(dataset["prompt"], ["#### -1 x"] * 4, sample=dataset["sample"]) == [0.0] * 4
+    with pytest.raises(ValueError, match="'sample' column"):
+        reward(dataset["prompt"], gold)
 
 
 @pytest.mark.parametrize("name, settings", [

@@ -27,7 +27,7 @@ CONFIG_DIR = PRESET_DIRS[0]
 @pytest.mark.parametrize("path", sorted(CONFIG_DIR.glob("*.yaml")), ids=lambda p: p.stem)
 def test_every_preset_loads(path: Path) -> None:
     if "grpo" in load_yaml_tree(path):  # a reinforcement-learning preset (`t2mlr rl grpo`)
-        from t2mlr.training.grpo import load_grpo_config
+        from t2mlr.rl.grpo import load_grpo_config
 
         load_grpo_config(path)
         return

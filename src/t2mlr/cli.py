@@ -25,7 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "params": ("t2mlr.experiments.parameter_counts", "parameter counts of T²MLR and its matched baselines"),
     "retrofit": ("t2mlr.training.retrofit_command", "turn a pretrained decoder (hub id, directory, GGUF) into a T²MLR checkpoint"),
     "experiment": ("t2mlr.experiments.commands", "run a paper experiment end to end"),
-    "rl": ("t2mlr.training.rl_commands", "reinforcement learning (GRPO) with the policy update replayed from the rollout's recurrent states"),
+    "rl": ("t2mlr.rl.commands", "reinforcement learning (GRPO on TRL) with the policy update replayed from the rollout's recurrent states"),
     "analyze": ("t2mlr.analysis.commands", "the paper's analyses on your checkpoints: gradient fidelity, Jacobi vs exact training, probes, gates, placement"),
     "serve": ("t2mlr.serving.commands", "serve a saved T²MLR model with vLLM (OpenAI-compatible server; needs vLLM installed)"),
 }

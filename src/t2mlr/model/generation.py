@@ -109,7 +109,8 @@ class T2MLRGenerationMixin(GenerationMixin):
         kwargs.setdefault("recurrence", self.config.eval_recurrence)  # decoding's path, in train mode too
         if not output_recurrent_states:
             return super().generate(*args, **kwargs)
-        if not kwargs.get("return_dict_in_generate"):
+        asked = kwargs.get("return_dict_in_generate", getattr(kwargs.get("generation_config"), "return_dict_in_generate", None))
+        if not asked:
             raise ValueError("output_recurrent_states=True needs return_dict_in_generate=True (the states are a field of it)")
         prompt = kwargs.get("input_ids", args[0] if args else None)
         if prompt is None:

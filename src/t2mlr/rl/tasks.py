@@ -1,13 +1,15 @@
 """Verifiable tasks for reinforcement learning: prompts, a tokenizer, and a reward computed by the task's scorer.
 
-A task hands the RL loop what it needs and nothing else: `prompts(start, count)` (deterministic in the
+A task hands the RL trainer what it needs and nothing else: `prompts(start, count)` (deterministic in the
 index, so a resumed run draws the same prompts), `reward(completion, sample)` (1.0 when the task's own
 scorer accepts the completion), and a word-level tokenizer whose symbols are the task's (so a small model
 trained from scratch, or SFT-trained by `t2mlr train`, shares it with the RL run). A policy saved with its
 own tokenizer (a retrofit) brings that one instead; the prompts and rewards are plain text either way.
 
 Tasks (`TASKS`, the `task.name` of a GRPO config): `variable_assignment`, `s5_retrieval` and `arithmetic`.
-Each reuses its generator in `t2mlr.tasks` and its scorer in `t2mlr.tasks.scoring`.
+Each reuses its generator in `t2mlr.tasks` and its scorer in `t2mlr.tasks.scoring`. For TRL, `prompt_dataset`
+turns a window of a task's stream into the `prompt` dataset `GRPOTrainer` reads (each row keeps its sample,
+serialised, for the reward), and `TaskReward` is the task's scorer as a TRL reward function.
 
 The same module gives the supervised warm-up set (`variable_assignment_sft`, a `data.source: factory`
 dataset for `t2mlr train`): prompt + answer + end-of-text, the prompt masked out of the loss.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import string
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -229,6 +232,34 @@ def build_task(name: str, seed: int = 0, **kwargs: Any) -> VerifiableTask:
         raise ValueError(f"task {name!r}: bad settings {kwargs}: {err}") from err
 
 
+# ------------------------------------------------------------------------------------------- TRL
+SAMPLE_COLUMN = "sample"  # the dataset column holding each prompt's sample (JSON), read back by TaskReward
+
+
+def prompt_dataset(task: VerifiableTask, start: int, count: int, stream: str = "train") -> Any:
+    """Samples `start .. start + count - 1` of a task's stream as a `datasets.Dataset` with TRL's `prompt`
+    column and the sample itself (JSON text, so that tasks with nested fields share one schema)."""
+    from datasets import Dataset
+
+    samples = task.prompts(start, count, stream)
+    return Dataset.from_dict({"prompt": [s["prompt"] for s in samples],
+                              SAMPLE_COLUMN: [json.dumps(s) for s in samples]})
+
+
+class TaskReward:
+    """A task's verifiable scorer as a TRL reward function: `reward_funcs=TaskReward(task)` over a
+    `prompt_dataset` of the same task. TRL logs it under the task's name."""
+
+    def __init__(self, task: VerifiableTask) -> None:
+        self.task = task
+        self.__name__ = task.name
+
+    def __call__(self, prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
+        if SAMPLE_COLUMN not in columns:
+            raise ValueError(f"TaskReward needs the dataset's {SAMPLE_COLUMN!r} column (build it with prompt_dataset)")
+        return [self.task.reward(text, json.loads(sample)) for text, sample in zip(completions, columns[SAMPLE_COLUMN])]
+
+
 class VariableAssignmentSFT(Dataset):
     """Supervised rows for `t2mlr train` (`data.source: factory`): prompt, answer digit, end-of-text.
 
@@ -260,5 +291,5 @@ class VariableAssignmentSFT(Dataset):
 
 def variable_assignment_sft(num_samples: int, depth: int = 5, num_constants: int = 3, num_distractors: int = 2,
                             seed: int = 0, seq_len: int = 2048, stream: str = "train") -> VariableAssignmentSFT:
-    """The `data.factory` entry point (`t2mlr.training.rl_tasks:variable_assignment_sft`)."""
+    """The `data.factory` entry point (`t2mlr.rl.tasks:variable_assignment_sft`)."""
     return VariableAssignmentSFT(num_samples, depth, num_constants, num_distractors, seed, seq_len, stream)

@@ -1,4 +1,4 @@
-"""`t2mlr rl grpo CONFIG --out DIR`: reinforcement learning on verifiable tasks (see `t2mlr.training.grpo`)."""
+"""`t2mlr rl grpo CONFIG --out DIR`: reinforcement learning on verifiable tasks (see `t2mlr.rl.grpo`)."""
 
 from __future__ import annotations
 
@@ -8,23 +8,25 @@ from typing import Any
 from t2mlr.training.commands import _accept_trailing_overrides
 
 GRPO_DESCRIPTION = """\
-GRPO on a verifiable task, with the policy update replayed from the recurrent states the rollout's
-generate() computed (d_forward = d_backward = grpo.replay_depth: no seed pass, no detached passes).
+GRPO on a verifiable task with T2MLRGRPOTrainer: TRL's GRPOTrainer whose per-token log-probabilities are
+replayed from the recurrent states the rollout's generate() computed (exact while the policy is the one that
+sampled them; the iterated replay, depth grpo.replay_depth, once it has moved).
 
 examples:
   t2mlr rl grpo grpo_tiny --out runs/grpo_tiny                      # a fresh tiny model, seconds on a CPU
   t2mlr rl grpo grpo_cpu --out runs/grpo_cpu                        # from the SFT policy of grpo_va_sft_cpu
   t2mlr rl grpo grpo_cpu --out runs/grpo_cpu --resume               # continue from the newest checkpoint
 
-The run directory gets config.yaml, train.log, metrics.jsonl (reward, loss, KL, clip fraction, timings per
-step; greedy eval accuracy), checkpoints/step_N, final/ and reward.png.
+The run directory gets config.yaml, train.log, metrics.jsonl (TRL's metrics per logged step: reward, loss,
+KL, clip ratios, entropy, timings; the greedy eval accuracy), checkpoints/checkpoint-N, final/ and reward.png.
+Several processes: torchrun --nproc_per_node N -m t2mlr rl grpo CONFIG --out DIR (docs/rl.md).
 
 exit codes: 0 done or stopped as asked, 2 bad input (config, checkpoint, or a resume with another config)."""
 
 
 def register(subparsers: Any) -> None:
     """Add `rl` (with its `grpo` subcommand) to the `t2mlr` parser."""
-    rl = subparsers.add_parser("rl", help="reinforcement learning with replayed recurrent states (GRPO)",
+    rl = subparsers.add_parser("rl", help="reinforcement learning with replayed recurrent states (GRPO on TRL)",
                                description="Reinforcement learning on verifiable tasks.")
     algorithms = rl.add_subparsers(dest="algorithm", required=True, metavar="ALGORITHM")
     grpo = algorithms.add_parser("grpo", help="GRPO with replayed recurrent states", description=GRPO_DESCRIPTION,
@@ -32,7 +34,7 @@ def register(subparsers: Any) -> None:
     grpo.add_argument("config", help="YAML config path or preset name (configs/<name>.yaml)")
     grpo.add_argument("overrides", nargs="*", default=[], help="dotted key=value overrides, e.g. grpo.beta=0.04")
     grpo.add_argument("--out", required=True, help="run directory")
-    grpo.add_argument("--resume", action="store_true", help="continue from the newest checkpoint that verifies")
+    grpo.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
     grpo.add_argument("--stop-after", type=int, default=None, metavar="N", help="stop after step N with a checkpoint")
     grpo.add_argument("--threads", type=int, default=1, metavar="N", help="torch CPU threads (default 1)")
     grpo.set_defaults(func=run_grpo_command)
@@ -42,8 +44,8 @@ def register(subparsers: Any) -> None:
 def run_grpo_command(args: argparse.Namespace) -> int:
     import torch
 
+    from t2mlr.rl.grpo import load_grpo_config, run_grpo
     from t2mlr.training.exit_codes import run_with_exit_codes
-    from t2mlr.training.grpo import load_grpo_config, run_grpo
 
     if args.threads < 1:
         raise SystemExit(f"--threads must be >= 1, got {args.threads}")
@@ -54,5 +56,5 @@ def run_grpo_command(args: argparse.Namespace) -> int:
         return code
     if records:
         last = records[-1]
-        print(f"step {last['step']}: mean reward {last['reward_mean']:.3f}; run directory {args.out}")
+        print(f"step {last['step']}: mean reward {last['reward']:.3f}; run directory {args.out}")
     return 0
