@@ -14,12 +14,14 @@ MODEL_CLASS = "t2mlr.serving.vllm_model:T2MLRVllmForCausalLM"
 
 def register() -> None:
     """Register T²MLR's config with transformers and its model with vLLM (safe to call twice)."""
+    from transformers import AutoConfig
     from vllm import ModelRegistry
 
-    import t2mlr.model  # noqa: F401  (registers model_type "t2mlr" with AutoConfig)
+    from t2mlr.model.configuration import T2MLRConfig
 
     from .state import register_state_backend
 
+    AutoConfig.register(T2MLRConfig.model_type, T2MLRConfig, exist_ok=True)  # vLLM reads config.json with it
     register_state_backend()
     if ARCHITECTURE not in ModelRegistry.get_supported_archs():
         ModelRegistry.register_model(ARCHITECTURE, MODEL_CLASS)
