@@ -126,14 +126,19 @@ COVERED_BY = {
 }
 
 
-def readme_commands() -> list[str]:
-    """Each command line of the README's bash blocks: comments dropped, continuation lines joined."""
+def readme_commands(document: Path = README) -> list[str]:
+    """Each command line of a document's bash blocks (the README's by default)."""
+    blocks = re.findall(r"```bash\n(.*?)```", document.read_text(encoding="utf-8"), flags=re.S)
+    return [command for block in blocks for command in block_commands(block)]
+
+
+def block_commands(block: str) -> list[str]:
+    """The command lines of one bash block: comments dropped, continuation lines joined."""
     commands = []
-    for block in re.findall(r"```bash\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S):
-        for line in block.replace("\\\n", " ").splitlines():
-            line = re.sub(r"\s+#.*$", "", line.strip()) if not line.strip().startswith("#") else ""
-            if line:
-                commands.append(re.sub(r"\s+", " ", line))
+    for line in block.replace("\\\n", " ").splitlines():
+        line = re.sub(r"\s+#.*$", "", line.strip()) if not line.strip().startswith("#") else ""
+        if line:
+            commands.append(re.sub(r"\s+", " ", line))
     return commands
 
 

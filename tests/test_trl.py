@@ -166,21 +166,26 @@ def maskless_attention(module, query, key, value, attention_mask, **kwargs):
 
 def test_packed_rows_need_an_attention_that_keeps_documents_apart(tmp_path: Path) -> None:
     """An attention implementation whose masks are flash attention's (None or 2D, the same-document mask
-    dropped) computes an unpacked row as sdpa does, but a packed row is refused: its documents would
-    attend to each other."""
+    dropped) computes unpacked, unpadded rows as sdpa does on both paths, but a packed row is refused (its
+    documents would attend to each other), and so is a padded row on the exact path."""
     AttentionInterface.register("maskless", maskless_attention)
     AttentionMaskInterface.register("maskless", lambda *args, **kwargs: flash_attention_mask(*args, **kwargs))
     save_tiny_t2mlr(tmp_path / "model")
     sdpa = AutoModelForCausalLM.from_pretrained(tmp_path / "model").eval()
     maskless = AutoModelForCausalLM.from_pretrained(tmp_path / "model", attn_implementation="maskless").eval()
-    ids = random_ids(1, 10)
+    ids = random_ids(2, 10)
+    paths = ({"recurrence": "exact"}, {"recurrence": "jacobi", "d_forward": 2, "d_backward": 1})
     with torch.no_grad():
-        torch.testing.assert_close(maskless(ids, recurrence="exact").logits, sdpa(ids, recurrence="exact").logits,
-                                   rtol=0, atol=1e-5)
-        packed = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 0, 1, 2]])
-        for path in ({"recurrence": "exact"}, {"recurrence": "jacobi", "d_forward": 2, "d_backward": 1}):
+        for path in paths:
+            torch.testing.assert_close(maskless(ids, **path).logits, sdpa(ids, **path).logits, rtol=0, atol=1e-5)
+        packed = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 0, 1, 2]] * 2)
+        for path in paths:
             with pytest.raises(ValueError, match="packed rows .* need attn_implementation 'sdpa' or 'eager'"):
                 maskless(ids, position_ids=packed, **path)
+        padded = torch.ones_like(ids)
+        padded[0, :3] = 0
+        with pytest.raises(ValueError, match="the exact path needs 'eager' or 'sdpa' attention"):
+            maskless(ids, attention_mask=padded, recurrence="exact")
 
 
 # ---------------------------------------------------------------------------------------------- checkpointing

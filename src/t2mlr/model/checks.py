@@ -129,7 +129,7 @@ def checked_cache(past_key_values: Any, use_cache: bool | None) -> T2MLRCache | 
         raise ValueError(
             "past_key_values must be a T2MLRCache or T2MLRStaticCache (they carry the recurrent state), "
             f"got {type(past_key_values).__name__} (PEFT's prefix tuning passes such a cache of virtual keys, "
-            "which have no recurrent state: it is not supported; LoRA and prompt tuning are)"
+            "which have no recurrent state: it is not supported; LoRA is)"
         )
     if use_cache is False:
         raise ValueError("use_cache=False contradicts the past_key_values that was passed")
