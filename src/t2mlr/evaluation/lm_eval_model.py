@@ -79,8 +79,10 @@ class T2MLRLM(HFLM):
         **kwargs: Any,
     ) -> None:
         """`device`: as HFLM's, except that the default is CUDA when available, else the CPU (HFLM's own
-        default, "cuda", fails on a machine without CUDA)."""
+        default, "cuda", fails on a machine without CUDA). The backend is "causal" unless given: HFLM
+        infers it from transformers' own model types and would warn that it does not know "t2mlr"."""
         check_eval_path(recurrence, d_forward)
+        kwargs.setdefault("backend", "causal")
         super().__init__(pretrained=pretrained, device=device or "auto", **kwargs)
         model = unwrapped(self.model)
         self.recurrent = is_t2mlr(model)
