@@ -6,6 +6,8 @@ trainer's log-probabilities, loss and gradients are checked against the exact pa
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +17,13 @@ from t2mlr.training.config import ConfigError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 TIMINGS = ("rollout_s", "step_time", "update_s")
+RL_PAGE = Path(__file__).resolve().parents[1] / "docs" / "rl.md"
+# docs/rl.md's commands and the tests here that run them (at a tiny scale)
+PAGE_COMMANDS = {
+    "t2mlr rl grpo grpo_tiny --out runs/grpo_tiny": "test_the_command_runs_and_draws_the_curve",
+    "t2mlr train grpo_va_sft_cpu --out runs/grpo_sft": "test_readme_rl_commands_at_a_tiny_scale",
+    "t2mlr rl grpo grpo_cpu --out runs/grpo_cpu": "test_readme_rl_commands_at_a_tiny_scale",
+}
 
 
 def metrics(run_dir) -> list[dict]:
@@ -122,3 +131,28 @@ def test_readme_rl_commands_at_a_tiny_scale(tmp_path, capsys) -> None:
     load_benchmark("stale_states").main(["--epochs", "2", "--rows", "8", "--batch", "4", "--seq", "16"])
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 2 |")]
     assert len(rows) == 3 and "warm" in rows[2]
+
+
+def test_the_rl_page_runs_as_written(tmp_path, monkeypatch) -> None:
+    """docs/rl.md: its python block runs as written; each of its commands is run by a test of this file."""
+    from test_readme_commands import readme_commands
+
+    assert sorted(readme_commands(RL_PAGE)) == sorted(PAGE_COMMANDS)
+    assert all(callable(globals().get(name)) for name in PAGE_COMMANDS.values())
+    monkeypatch.chdir(tmp_path)
+    blocks = re.findall(r"```python\n(.*?)```", RL_PAGE.read_text(encoding="utf-8"), flags=re.S)
+    assert len(blocks) == 1
+    namespace = {"__name__": "__main__"}
+    exec(compile(blocks[0], "docs/rl.md", "exec"), namespace)  # noqa: S102
+    assert namespace["trainer"].state.global_step == 4
+
+
+def test_the_update_benchmark_at_a_tiny_scale(capsys) -> None:
+    """benchmarks/grpo_update.py: the three update steps side by side; the two replays give one gradient."""
+    result = load_benchmark("grpo_update").main(["--hidden", "64", "--vocab", "128", "--prompt", "12", "--completion",
+                                                  "4", "--repeats", "1", "--warmup", "1"])
+    text = capsys.readouterr().out
+    assert all(f"| {name} |" in text for name in ("T2MLRGRPOTrainer", "hand-written", "GRPOTrainer"))
+    norms = result["gradient_norms"]
+    assert norms["T2MLRGRPOTrainer"] == pytest.approx(norms["hand-written"], rel=1e-4)
+    assert result["flops"]["GRPOTrainer"] > result["flops"]["T2MLRGRPOTrainer"] == result["flops"]["hand-written"]

@@ -102,9 +102,14 @@ def gradients(model, loss) -> dict[str, torch.Tensor]:
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def test_log_probs_loss_and_gradient_equal_the_exact_path(tmp_path) -> None:
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "gradient_checkpointing"])  # TRL's default: on
+def test_log_probs_loss_and_gradient_equal_the_exact_path(tmp_path, checkpointing) -> None:
     model = tiny_policy(tmp_path / "policy")
-    trainer = trainer_for(model, arguments(tmp_path, num_iterations=2, beta=0.5))  # π_old and π_ref are computed
+    trainer = trainer_for(model, arguments(tmp_path, num_iterations=2, beta=0.5,  # π_old and π_ref are computed
+                                           gradient_checkpointing=checkpointing))
+    if checkpointing:  # what the training loop does with the setting
+        trainer.model.gradient_checkpointing_enable(trainer.args.gradient_checkpointing_kwargs)
+        assert trainer.model.is_gradient_checkpointing
     out = rollout(trainer)
     assert trainer.replay_path(trainer.model)["exact_states"]  # the policy that sampled the rollout: one pass
     with torch.no_grad():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 from t2mlr.training.commands import _accept_trailing_overrides
@@ -54,7 +55,7 @@ def run_grpo_command(args: argparse.Namespace) -> int:
         load_grpo_config(args.config, args.overrides), args.out, resume=args.resume, stop_after=args.stop_after))
     if code:
         return code
-    if records:
-        last = records[-1]
-        print(f"step {last['step']}: mean reward {last['reward']:.3f}; run directory {args.out}")
+    sampled = [record for record in records or [] if "reward" in record]  # steps that reused a rollout have none
+    if sampled and os.environ.get("RANK", "0") == "0":
+        print(f"step {sampled[-1]['step']}: mean reward {sampled[-1]['reward']:.3f}; run directory {args.out}")
     return 0
