@@ -70,3 +70,16 @@ def test_generate_in_train_mode_decodes_the_exact_path(checkpointing: bool) -> N
     assert torch.equal(in_train.sequences, reference.sequences)
     torch.testing.assert_close(in_train.scores[0], reference.scores[0], rtol=0, atol=1e-10)
     assert (jacobi.scores[0] - reference.scores[0]).abs().max() > 1e-4  # asked for, Jacobi still differs
+
+
+def test_a_misspelt_argument_is_refused_not_ignored() -> None:
+    """Unknown keywords pass (tools add their own, as to LlamaModel), but one spelt like ours is a typo."""
+    model = tiny_model()
+    ids = random_ids(1, 5)
+    with pytest.raises(ValueError, match="did you mean 'recurrence'"):
+        model(ids, recurence="exact")
+    with pytest.raises(ValueError, match="did you mean 'd_forward'"):
+        model.model(ids, d_froward=4)
+    with torch.no_grad():  # foreign keywords such as the Trainer's are still accepted
+        model(ids, labels=ids, num_items_in_batch=5)
+        model.model(ids, logits_to_keep=1)

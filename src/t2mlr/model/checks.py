@@ -8,7 +8,8 @@ single host sync per forward. Under `torch.compile` that read is skipped: a grap
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import difflib
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -242,3 +243,16 @@ def check_gates_pass_gradients(fusion: torch.nn.Module) -> None:
                 f"no gradient (tanh({gate}) multiplies them): train the gates too (with PEFT: "
                 "modules_to_save=['fusion'] instead of LoRA on the fusion's linears)"
             )
+
+
+def check_no_misspelt_arguments(extra: Iterable[str], known: Iterable[str]) -> None:
+    """Keyword arguments a forward does not name are accepted, as `LlamaModel` accepts them (tools pass
+    their own, e.g. TRL's `logits_to_keep`), but one spelt like a known argument is a typo that would
+    silently change nothing: `recurence="exact"` would run the config's path instead."""
+    if not extra or torch.compiler.is_compiling():  # a compiled step passes none; difflib does not trace
+        return
+    known = list(known)
+    for name in extra:
+        guess = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+        if guess and guess[0] != name:  # the head's own arguments reach the backbone too (logits_to_keep)
+            raise ValueError(f"unknown argument {name!r}: did you mean {guess[0]!r}?")

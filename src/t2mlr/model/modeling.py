@@ -25,6 +25,7 @@ each token reads (R_{t-1}, zero at a document start), `r_out` is what each token
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -188,6 +189,7 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
         `LlamaModel` does; `output_attentions=True` is refused (the attention weights are not kept)."""
         if output_attentions:
             raise ValueError("output_attentions=True is not supported by T²MLR (the attention weights are not kept)")
+        checks.check_no_misspelt_arguments(kwargs, FORWARD_ARGUMENTS)
         path = self.forward_path(
             recurrence, d_forward=d_forward, d_backward=d_backward, jacobi_tol=jacobi_tol, bptt_window=bptt_window
         )
@@ -520,6 +522,7 @@ class T2MLRForCausalLM(LMHeadOverBackbone, T2MLRPreTrainedModel, T2MLRGeneration
         described), then the LM head at the kept positions. Labels are standard causal-LM labels (shifted
         inside, -100 ignored); `loss_kwargs` (e.g. the Trainer's `num_items_in_batch`) go to the loss."""
         checks.checked_labels(labels, input_ids, inputs_embeds, self.config.vocab_size)
+        checks.check_no_misspelt_arguments(loss_kwargs, FORWARD_ARGUMENTS)
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -548,6 +551,12 @@ class T2MLRForCausalLM(LMHeadOverBackbone, T2MLRPreTrainedModel, T2MLRGeneration
             recurrent_state=out.recurrent_state,
             jacobi_iterations=out.jacobi_iterations,
         )
+
+
+# The arguments of `T2MLRForCausalLM.forward`; an unknown keyword spelt like one of them is refused.
+FORWARD_ARGUMENTS = tuple(
+    name for name in inspect.signature(T2MLRForCausalLM.forward).parameters if name not in ("self", "loss_kwargs")
+)
 
 
 def _settle_on_device(
