@@ -163,6 +163,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", message="TRL currently supports vLLM")
+    info = machine_info(torch.device("cpu"))  # the date and the load at the start
     model = build_model(args)
     with tempfile.TemporaryDirectory() as work_dir:
         ours, plain, tokenizer = trl_trainers(model, args, work_dir)
@@ -188,7 +189,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     flops = predicted_flops(model, args)
     median = {name: statistics.median(values) for name, values in times.items()}
     ratio = lambda a, b: statistics.median(x / y for x, y in zip(times[a], times[b]))  # noqa: E731
-    info = machine_info(torch.device("cpu"))
     import trl
 
     info["trl"] = trl.__version__

@@ -204,6 +204,8 @@ def test_refuses_rollouts_without_states_and_other_models(tmp_path) -> None:
     model = tiny_policy(tmp_path / "policy", dtype=torch.float32)
     with pytest.raises(ValueError, match="does not support rollout_func"):
         trainer_for(model, arguments(tmp_path), rollout_func=lambda prompts, trainer: {})
+    with pytest.raises(ValueError, match="does not support use_vllm"):  # refused before vLLM would start
+        trainer_for(model, arguments(tmp_path, use_vllm=True))
     torch.manual_seed(0)
     plain = LlamaForCausalLM(LlamaConfig(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                          num_attention_heads=4, num_key_value_heads=2))

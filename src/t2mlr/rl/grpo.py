@@ -289,10 +289,11 @@ def run_grpo(cfg: GrpoConfig, out_dir: str | Path, resume: bool = False, stop_af
     scheduler = build_scheduler(optimizer, cfg.schedule, cfg.train.max_steps)
     rollouts = math.ceil(cfg.train.max_steps / cfg.grpo.iterations)
     metrics = MetricsWriter(run_dir, is_main, tensorboard=False)
-    metrics.truncate_after(0 if checkpoint is None else int(checkpoint.name.rsplit("-", 1)[-1]))
+    metrics.truncate_after(-1 if checkpoint is None else int(checkpoint.name.rsplit("-", 1)[-1]))  # -1: a fresh file
     if is_main:
         (run_dir / CONFIG_FILE).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False), encoding="utf-8")
-    callbacks = [MetricsCallback(metrics), GreedyEvalCallback(task, tokenizer, cfg.eval, cfg.grpo.max_new_tokens, metrics)]
+    recorder = MetricsCallback(metrics)
+    callbacks = [recorder, GreedyEvalCallback(task, tokenizer, cfg.eval, cfg.grpo.max_new_tokens, metrics)]
     if stop_after is not None and stop_after < cfg.train.max_steps:
         callbacks.append(StopAfterCallback(stop_after))
     trainer = T2MLRGRPOTrainer(
@@ -311,7 +312,7 @@ def run_grpo(cfg: GrpoConfig, out_dir: str | Path, resume: bool = False, stop_af
     metrics.close()
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
-    return callbacks[0].records
+    return recorder.records
 
 
 def plot_grpo_run(run_dir: str | Path, out: str | Path | None = None) -> Path:

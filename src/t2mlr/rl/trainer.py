@@ -145,8 +145,8 @@ class T2MLRGRPOTrainer(GRPOTrainer):
         refused += [name for name in ("use_vllm", "use_transformers_continuous_batching") if getattr(args, name, False)]
         if refused:
             raise ValueError(f"T2MLRGRPOTrainer does not support {', '.join(refused)}: its update replays the recurrent "
-                             "states that transformers' generate() returns with each rollout, and these give none "
-                             "(trl.GRPOTrainer supports them, scoring on the Jacobi path)")
+                             "states that transformers' generate() returns with each rollout, and rollouts made that "
+                             "way carry none (trl.GRPOTrainer supports them, scoring on the Jacobi path)")
         super().__init__(model, reward_funcs, args, **kwargs)
         policy = self.accelerator.unwrap_model(self.model)
         if not is_t2mlr(policy.get_base_model() if is_peft_model(policy) else policy):
