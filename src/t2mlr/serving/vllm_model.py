@@ -4,7 +4,8 @@ The model is laid out as the checkpoints this library saves (`t2mlr.model.checkp
 decoder's `model.embed_tokens`, `model.layers`, `model.norm` and `lm_head`, built from vLLM's Llama,
 Mistral, Qwen2 or Qwen3 decoder layers, plus `model.fusion` (Φ) and `model.cache_norm`, which are the
 library's own `GatedFusion` and `CacheNorm` (one implementation of the maths, shared with
-`T2MLRForCausalLM`). R lives in `model.recurrent_state` (`t2mlr.serving.state`).
+`T2MLRForCausalLM`). R lives in `model.recurrent_state[0]` (`t2mlr.serving.state`; see `state_slots` for
+why there are more of them).
 
 One engine step runs the blocks below l_start once over the whole flattened batch, then the middle block
 l_start..l_end, then the blocks above once (docs/semantics.md §5):
@@ -188,8 +189,7 @@ class T2MLRModel(nn.Module):
         self.norm = RMSNorm(hidden, eps=eps)
         self.fusion = GatedFusion(hidden)
         self.cache_norm = CacheNorm(hidden, eps) if config.cache_residual else None
-        # the state slot's name must hold one integer (vLLM orders cache layers by it): one past the last block
-        self.recurrent_state = RecurrentStateSlot(hidden, prefix=f"{prefix}.recurrent_state.{base.num_hidden_layers}")
+        self.recurrent_state = state_slots(hidden, base.num_hidden_layers, prefix)
         self.prefix_blocks = range(config.l_start - 1)
         self.middle_blocks = range(config.l_start - 1, config.l_end)
         self.suffix_blocks = range(config.l_end, base.num_hidden_layers)
@@ -226,11 +226,11 @@ class T2MLRModel(nn.Module):
         return h_end, self._write_state(h_end, r_read)
 
     def _middle(self, h_low: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        metadata = _state_metadata(self.recurrent_state.prefix)
+        metadata = _state_metadata(self.recurrent_state[0].prefix)
         if metadata is None:  # a profiling run: no requests, no state
             return self._fused_middle(h_low, torch.zeros_like(h_low), positions)[0]
         layout = StepLayout.from_metadata(metadata)
-        states = self.recurrent_state.states
+        states = self.recurrent_state[0].states
         if layout.num_prefills == 0:
             return self._decode_middle(h_low, positions, layout, states)
         if self.prefill.path == "jacobi":
@@ -303,6 +303,19 @@ class T2MLRModel(nn.Module):
         last = torch.cat([torch.arange(layout.num_decodes), layout.prefill_starts + layout.prefill_lens - 1])
         self._store(states, layout, r_out.index_select(0, last.to(h_low.device)))
         return h_end
+
+
+def state_slots(hidden: int, num_blocks: int, prefix: str) -> nn.ModuleList:
+    """R's slot layer, and as many more as the model has attention layers, unused.
+
+    vLLM's hybrid allocator splits the layers of each kind into KV-cache groups of equal size, the size being
+    the smaller kind's count: one state layer would put every attention layer in a group of its own, and each
+    group costs block-table, slot-mapping and metadata work at every step (measured: about 5 ms of a 60 ms
+    SmolLM2-135M decode step on the CPU). With as many state layers as attention layers there are two groups,
+    at the price of one KV block per request for the state (block-size tokens' worth of keys and values).
+    Each name holds one integer, past the blocks' (vLLM orders cache layers by it)."""
+    return nn.ModuleList(RecurrentStateSlot(hidden, prefix=f"{prefix}.recurrent_state.{num_blocks + i}")
+                         for i in range(num_blocks))
 
 
 def _state_metadata(prefix: str) -> RecurrentStateMetadata | None:
