@@ -1,0 +1,269 @@
+"""Every paper experiment and the analyses that train, at a tiny scale, with their machine-readable outputs
+compared against files recorded from the code before the experiments' restructuring (issue 32).
+
+Each entry of `RUNS` runs `t2mlr` commands exactly as a user types them (the command line is the interface
+that must not change) into a fresh directory; `collect` reads back every JSON, JSON-lines and YAML file the
+commands wrote (results, predictions, per-step metrics, the trainer config of every arm, the data's
+metadata and held-out sets), and `compare` checks every value against the recorded one, ignoring only
+wall-clock times, machine descriptions and paths. Every run and every evaluation computes on one torch
+thread, so the numbers are the same bit for bit from run to run (test_golden_experiments.py reruns them).
+
+Recording (only when a change of the numbers is intended, and said so in the commit):
+
+    PYTHONPATH=src python tests/golden_experiments.py --write [NAME ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import re
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "golden_experiments"
+INPUTS = FIXTURES / "inputs"
+LARGE_FILE = 20_000  # characters: larger outputs are recorded by their hash only
+
+# keys whose values are wall-clock times, speeds, dates or descriptions of the machine
+VOLATILE_KEY = re.compile(
+    r"(^|_)(seconds|minutes|time|times|date|wall|tokens_per_s|tok_s|machine|median_seconds|median_ratio|"
+    r"hostname|platform|cpu|load|version)($|_)|^cheapest_above_min_cosine$")  # chosen by measured time
+SKIPPED_DIRS = {"checkpoints", "final", "base", "base.tmp", "tokenizer", "train_shards", "validation_shards", "english"}
+SKIPPED_FILES = {"train_time.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                 "generation_config.json"}
+
+
+# ---------------------------------------------------------------------------------------------- the runs
+
+
+def _cli(*argv: str) -> None:
+    from t2mlr.cli import main
+
+    code = main([str(a) for a in argv])
+    if code != 0:
+        raise RuntimeError(f"t2mlr {' '.join(map(str, argv))} exited {code}")
+
+
+def _s5_retrieval(root: Path) -> Path:
+    _cli("experiment", "s5-retrieval", "--preset", "tiny", "--out", root / "s5", "--workers", "1")
+    return root / "s5"
+
+
+def _s5_evidence(root: Path) -> Path:
+    _cli("experiment", "s5-evidence", "--preset", "tiny", "--seeds", "0", "--out", root / "study", "--report",
+         root / "study" / "report", "--workers", "1", "--steps", "2", "--checkpoint-every", "1", "--cost-rounds", "1",
+         "--decode-rounds", "1")
+    return root / "study"
+
+
+def _finetune(task: str, data: str | None = None) -> Callable[[Path], Path]:
+    def run(root: Path) -> Path:
+        extra = ["--data", INPUTS / data] if data else []
+        _cli("experiment", "finetune", task, "--preset", "tiny", "--out", root / task, "--threads", "1", "--workers",
+             "1", *extra)
+        return root / task
+
+    return run
+
+
+def _finetune_generated(root: Path) -> Path:
+    for task in ("variable-assignment", "prosqa-hard"):
+        _finetune(task)(root / "runs")
+    _cli("experiment", "finetune-summary", root / "runs" / "variable-assignment", root / "runs" / "prosqa-hard",
+         "--out", root / "runs" / "summary")
+    return root / "runs"
+
+
+def tiny_pretrained(directory: Path) -> Path:
+    """A small Llama with a word-level tokenizer of the arithmetic problems, saved as a hub download looks:
+    the retrofit experiment's `--source` (its own preset retrofits SmolLM2-135M, too slow for a test)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from t2mlr.tasks.arithmetic import ArithmeticSettings, arithmetic_cot_records
+    from t2mlr.tasks.tokenizers import build_word_tokenizer, word_vocab_from_texts
+
+    settings = ArithmeticSettings(min_steps=2, max_steps=3)
+    records = arithmetic_cot_records(40, "train", 0, settings) + arithmetic_cot_records(8, "eval", 0, settings)
+    words = word_vocab_from_texts(["Question: Answer:", *(r["prompt"] + r["target"] for r in records)])
+    tokenizer = build_word_tokenizer(words)
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=5,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, pad_token_id=0,
+                         bos_token_id=1, eos_token_id=2)
+    LlamaForCausalLM(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def _retrofit(root: Path) -> Path:
+    source = tiny_pretrained(root / "pretrained")
+    _cli("experiment", "retrofit", "--preset", "tiny", "--source", source, "--out", root / "retrofit" / "seed0",
+         "--threads", "1")
+    _cli("experiment", "retrofit-summary", root / "retrofit" / "seed0", "--out", root / "retrofit")
+    return root / "retrofit"
+
+
+def _pretrain(root: Path) -> Path:
+    _cli("experiment", "pretrain", "--preset", "tiny", "--corpus", INPUTS / "corpus", "--out", root / "pretrain",
+         "--workers", "1", "--threads", "1")
+    return root / "pretrain"
+
+
+TINY_DEBUG = ["train.max_steps=4", "eval.every=2", "checkpoint.every=2", "logging.progress_bar=false",
+              "model.d_forward=4", "model.d_backward=2", "data.kwargs.num_samples=64", "eval.max_batches=1"]
+
+
+def _jacobi_vs_exact(root: Path) -> Path:
+    _cli("analyze", "jacobi-vs-exact", "debug", *TINY_DEBUG, "--d-forward", "4", "--d-backward", "2", "--out",
+         root / "jve", "--threads", "1")
+    return root / "jve"
+
+
+def _placement(root: Path) -> Path:
+    _cli("analyze", "placement", "debug", *TINY_DEBUG, "--starts", "1,2", "--out", root / "placement", "--threads", "1")
+    return root / "placement"
+
+
+@dataclass(frozen=True)
+class GoldenRun:
+    name: str
+    run: Callable[[Path], Path]
+
+
+RUNS = (
+    GoldenRun("s5-retrieval", _s5_retrieval),
+    GoldenRun("s5-evidence", _s5_evidence),
+    GoldenRun("finetune-generated", _finetune_generated),
+    GoldenRun("finetune-gsm-aug", _finetune("gsm-aug", "gsm_aug.jsonl")),
+    GoldenRun("finetune-hotpotqa", _finetune("hotpotqa", "hotpotqa_cot.jsonl")),
+    GoldenRun("retrofit", _retrofit),
+    GoldenRun("pretrain", _pretrain),
+    GoldenRun("analyze-jacobi-vs-exact", _jacobi_vs_exact),
+    GoldenRun("analyze-placement", _placement),
+)
+
+
+# ---------------------------------------------------------------------------------------------- reading back
+
+
+def _files(out: Path) -> Iterator[Path]:
+    for path in sorted(out.rglob("*")):
+        relative = path.relative_to(out)
+        if any(part in SKIPPED_DIRS for part in relative.parts[:-1]) or not path.is_file():
+            continue
+        if path.name in SKIPPED_FILES or path.suffix not in (".json", ".jsonl", ".yaml"):
+            continue
+        yield path
+
+
+def _read(path: Path) -> Any:
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".jsonl":
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    if path.suffix == ".yaml":
+        return yaml.safe_load(text)
+    return json.loads(text)
+
+
+def normalise(value: Any, root: str) -> Any:
+    """Drop volatile keys, replace paths under the run's root by their relative form, keep everything else."""
+    if isinstance(value, dict):
+        return {str(k): normalise(v, root) for k, v in value.items() if not VOLATILE_KEY.search(str(k))}
+    if isinstance(value, list):
+        return [normalise(v, root) for v in value]
+    if isinstance(value, str) and (root in value or value.startswith("/")):
+        return "<path>"
+    if isinstance(value, float) and math.isnan(value):
+        return "nan"
+    return value
+
+
+def collect(out: Path, root: Path) -> dict[str, Any]:
+    """Relative path → the file's normalised content (its hash when the file is large)."""
+    found: dict[str, Any] = {}
+    for path in _files(out):
+        content = normalise(_read(path), str(root))
+        text = json.dumps(content, sort_keys=True)
+        relative = str(path.relative_to(out))
+        found[relative] = content if len(text) <= LARGE_FILE else {"sha256": hashlib.sha256(text.encode()).hexdigest()}
+    return found
+
+
+def differences(recorded: Any, current: Any, where: str = "") -> list[str]:
+    """Every place the two trees differ (values compared exactly: the runs are deterministic)."""
+    if isinstance(recorded, dict) and isinstance(current, dict):
+        out = []
+        for key in sorted(set(recorded) | set(current)):
+            if key not in current:
+                out.append(f"{where}/{key}: missing now")
+            elif key not in recorded:
+                out.append(f"{where}/{key}: new (not recorded)")
+            else:
+                out += differences(recorded[key], current[key], f"{where}/{key}")
+        return out
+    if isinstance(recorded, list) and isinstance(current, list):
+        if len(recorded) != len(current):
+            return [f"{where}: {len(recorded)} items recorded, {len(current)} now"]
+        return [d for i, (a, b) in enumerate(zip(recorded, current)) for d in differences(a, b, f"{where}[{i}]")]
+    if recorded != current or type(recorded) is not type(current):
+        return [f"{where}: recorded {recorded!r}, now {current!r}"]
+    return []
+
+
+def run_golden(run: GoldenRun, workdir: Path) -> dict[str, Any]:
+    out = run.run(workdir)
+    return collect(out, workdir)
+
+
+def fixture_path(name: str) -> Path:
+    return FIXTURES / f"{name}.json"
+
+
+def read_fixture(name: str) -> dict[str, Any]:
+    """The recorded outputs of one run (a list of one-entry objects, one line per file, for readable diffs)."""
+    return {path: content for entry in json.loads(fixture_path(name).read_text(encoding="utf-8"))
+            for path, content in entry.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="record the golden outputs of the tiny experiments")
+    parser.add_argument("names", nargs="*", help="runs to record (default: all)")
+    parser.add_argument("--write", action="store_true", help="write the fixtures (otherwise compare with them)")
+    args = parser.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(1)
+    chosen = [r for r in RUNS if not args.names or r.name in args.names]
+    failed = 0
+    for run in chosen:
+        workdir = Path(tempfile.mkdtemp(prefix=f"golden_{run.name}_"))
+        try:
+            found = run_golden(run, workdir)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        if args.write:
+            lines = [json.dumps({path: content}, sort_keys=True) for path, content in sorted(found.items())]
+            fixture_path(run.name).write_text("[\n" + ",\n".join(lines) + "\n]\n", encoding="utf-8")
+            print(f"recorded {run.name}: {len(found)} files")
+            continue
+        diffs = differences(read_fixture(run.name), found)
+        failed += bool(diffs)
+        print(f"{run.name}: {'same' if not diffs else f'{len(diffs)} differences'}")
+        for line in diffs[:40]:
+            print("  " + line)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

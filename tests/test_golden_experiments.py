@@ -1,0 +1,29 @@
+"""Every experiment's numbers are unchanged: each paper experiment and training analysis, run at a tiny scale
+through the command line, writes the same results, predictions, per-step metrics, trainer configs and data
+as the code before the experiments' restructuring (tests/golden_experiments.py says what is compared and
+how the fixtures were recorded)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from golden_experiments import RUNS, GoldenRun, differences, fixture_path, read_fixture, run_golden
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
+
+
+@pytest.mark.parametrize("run", RUNS, ids=[run.name for run in RUNS])
+def test_outputs_match_the_recorded_ones(run: GoldenRun, tmp_path: Path) -> None:
+    recorded = read_fixture(run.name)
+    found = run_golden(run, tmp_path)
+    diffs = differences(recorded, found)
+    assert not diffs, f"{run.name} differs from {fixture_path(run.name)}:\n" + "\n".join(diffs[:60])
+
+
+def test_the_comparison_sees_a_changed_number() -> None:
+    recorded = {"results.json": {"models": [{"loss": 1.25, "train_seconds": 3.0}]}}
+    assert differences(recorded, {"results.json": {"models": [{"loss": 1.25, "train_seconds": 3.0}]}}) == []
+    assert differences(recorded, {"results.json": {"models": [{"loss": 1.2500001, "train_seconds": 3.0}]}})
+    assert differences(recorded, {"results.json": {"models": []}})
+    assert differences(recorded, {})
