@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import LlamaConfig
+from transformers import AutoConfig, LlamaConfig
 
 from t2mlr import T2MLRConfig, T2MLRForCausalLM
 from t2mlr.model.checkpoint_keys import LEGACY_PREFIXES, current_key, is_legacy
@@ -156,14 +156,15 @@ def random_prompts(lengths: list[int], seed: int, vocab: int = TINY_VOCAB) -> li
 # ---------------------------------------------------------------------------------------------- the tiny model
 
 
-def tiny_t2mlr() -> T2MLRForCausalLM:
-    """A 4-block Llama-family T²MLR(2,3) with head_dim 64 (the smallest vLLM's CPU attention takes) and its
-    gates open: γ's off zero and W_rec scaled up, so R visibly moves the logits."""
+def tiny_t2mlr(family: str = "llama", l_start: int = 2, l_end: int = 3) -> T2MLRForCausalLM:
+    """A 4-block T²MLR with head_dim 64 (the smallest vLLM's CPU attention takes) and its gates open: γ's off
+    zero and W_rec scaled up, so R visibly moves the logits."""
     torch.manual_seed(0)
-    base = LlamaConfig(vocab_size=TINY_VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
-                       num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=512,
-                       bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
-    model = T2MLRForCausalLM(T2MLRConfig.from_base(base, l_start=2, l_end=3)).eval()
+    fields = dict(vocab_size=TINY_VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+                  num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=512,
+                  bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+    base = AutoConfig.for_model(family, **fields)
+    model = T2MLRForCausalLM(T2MLRConfig.from_base(base, l_start=l_start, l_end=l_end)).eval()
     with torch.no_grad():
         fusion_parameter(model, "gamma_cur").fill_(0.6)
         fusion_parameter(model, "gamma_rec").fill_(-0.9)
@@ -303,6 +304,21 @@ def test_jacobi_prefill_is_generates_jacobi_prefill(engines: Engines, tiny) -> N
     results = engines.generate("jacobi65", path, prompts, deep, max_tokens=NEW_TOKENS, logprobs=5, ignore_eos=True)
     for prompt, result in zip(prompts, results):
         assert_matches(result, *greedy_reference(model, prompt, NEW_TOKENS))
+
+
+@pytest.mark.parametrize(("family", "l_start", "l_end"), [("qwen2", 1, 2), ("mistral", 3, 4), ("qwen3", 2, 2)])
+def test_every_backbone_family_gives_generates_tokens(engines: Engines, tmp_path: Path, family: str, l_start: int,
+                                                      l_end: int) -> None:
+    """Qwen2 (q/k/v biases), Mistral and Qwen3 (q/k norms) backbones, with the recurrence at the first block,
+    the last block and a one-block middle: vLLM's layers of that family, loaded from the saved checkpoint."""
+    model = tiny_t2mlr(family, l_start, l_end)
+    model.save_pretrained(tmp_path)
+    model = T2MLRForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    prompts = random_prompts([5, 20], seed=12)
+    results = engines.generate(family, tmp_path, prompts, {"max_model_len": 128, "skip_tokenizer_init": True},
+                               max_tokens=8, logprobs=5, ignore_eos=True)
+    for prompt, result in zip(prompts, results):
+        assert_matches(result, *greedy_reference(model, prompt, 8))
 
 
 # ---------------------------------------------------------------------------------------------- bad input
