@@ -289,7 +289,8 @@ def test_a_too_long_prompt_is_refused_and_the_engine_keeps_serving(engines: Engi
 
 def test_jacobi_prefill_is_generates_jacobi_prefill(engines: Engines, tiny) -> None:
     """`t2mlr_prefill: jacobi` at depth 3, below the prompts' lengths: approximate prompt states, exactly
-    those of `generate(prefill="jacobi", prefill_depth=3)`; a depth past every chunk's length is exact."""
+    those of `generate(prefill="jacobi", prefill_depth=3)`; a depth past every chunk's length is exact, also
+    when each request stops early on its own states."""
     path, model = tiny
     prompts = random_prompts([4, 9, 30], seed=10)
     shallow = dict(TINY_ENGINE, hf_overrides={"t2mlr_prefill": "jacobi", "t2mlr_prefill_depth": 3})
@@ -300,7 +301,10 @@ def test_jacobi_prefill_is_generates_jacobi_prefill(engines: Engines, tiny) -> N
         assert_matches(result, *reference)
         differs |= reference[0] != greedy_reference(model, prompt, NEW_TOKENS)[0]
     assert differs, "depth 3 should be approximate on at least one prompt, or the test does not test the option"
-    deep = dict(TINY_ENGINE, hf_overrides={"t2mlr_prefill": "jacobi", "t2mlr_prefill_depth": 65})
+    # past the chunks' lengths, with tolerance 0: each request stops once its states no longer move at all,
+    # which happens only at the fixed point (position t is exact after t iterates)
+    deep = dict(TINY_ENGINE, hf_overrides={"t2mlr_prefill": "jacobi", "t2mlr_prefill_depth": 65,
+                                           "t2mlr_prefill_tol": 0.0})
     results = engines.generate("jacobi65", path, prompts, deep, max_tokens=NEW_TOKENS, logprobs=5, ignore_eos=True)
     for prompt, result in zip(prompts, results):
         assert_matches(result, *greedy_reference(model, prompt, NEW_TOKENS))
