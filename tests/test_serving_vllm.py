@@ -6,12 +6,16 @@ for good in the process it runs in, which must not leak into the other tests), i
 module. The references are computed here, in float32, by `T2MLRForCausalLM.generate()` (exact prefill
 unless a test says otherwise) and by vLLM's own Llama for the closed-gate comparison.
 
-Skipped only where vLLM is not installed; CI installs it (`.ci/run`).
+Skipped only where vLLM is not installed; CI installs it (`.ci/run`). vLLM is never imported in the pytest
+process itself: importing it sets environment variables and torch inductor options for the whole process,
+which the other test modules must not inherit. Errors cross back as `EngineError`, text only, for the same
+reason (unpickling a vLLM exception would import vLLM).
 """
 
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 import os
 import socket
@@ -29,14 +33,16 @@ from typing import Any
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import LlamaConfig
+from transformers import AutoConfig, LlamaConfig
 
 from t2mlr import T2MLRConfig, T2MLRForCausalLM
 from t2mlr.model.checkpoint_keys import LEGACY_PREFIXES, current_key, is_legacy
 
-pytest.importorskip("vllm", reason="vLLM is not installed (CI installs it in .ci/run; docs/serving.md)")
-
-pytestmark = pytest.mark.usefixtures("one_torch_thread_per_module")
+pytestmark = [
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                       reason="vLLM is not installed (CI installs it in .ci/run; docs/serving.md)"),
+    pytest.mark.usefixtures("one_torch_thread_per_module"),
+]
 
 ENGINE_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine core inside the worker process
@@ -44,13 +50,17 @@ ENGINE_ENV = {
     "OMP_NUM_THREADS": "1",
 }
 ENGINE_DEFAULTS = {"dtype": "float32", "enforce_eager": True, "seed": 0, "distributed_executor_backend": "uni",
-                       "kv_cache_memory_bytes": 64 << 20}
+                   "kv_cache_memory_bytes": 64 << 20}
 LOGPROB_TOL = 2e-5  # float32 rounding of a log-softmax over a few blocks (measured: below 1e-6 on the tiny model)
 TINY_VOCAB = 256
 
 # ---------------------------------------------------------------------------------------------- the engine process
 
 _engines: dict[str, Any] = {}
+
+
+class EngineError(RuntimeError):
+    """An error the engine raised, as its type's name and message (see the module docstring)."""
 
 
 def _worker_setup() -> None:
@@ -62,13 +72,17 @@ def run_engine(key: str, path: str, engine_kwargs: dict, prompts: list[list[int]
     """In the worker: generate with the engine `key` (started on first use) and return plain results.
     A `cache_salt` keeps the requests from hitting blocks that other requests left in the prefix cache."""
     from vllm import LLM, SamplingParams
+    from vllm.exceptions import VLLMError
     from vllm.inputs import TokensPrompt
 
     if key not in _engines:
         _engines[key] = LLM(path, **{**ENGINE_DEFAULTS, **engine_kwargs})
     salt = {} if cache_salt is None else {"cache_salt": cache_salt}
     requests = [TokensPrompt(prompt_token_ids=p, **salt) for p in prompts]
-    outputs = _engines[key].generate(requests, SamplingParams(**sampling), use_tqdm=False)
+    try:
+        outputs = _engines[key].generate(requests, SamplingParams(**sampling), use_tqdm=False)
+    except (VLLMError, ValueError) as err:  # a refused request
+        raise EngineError(f"{type(err).__name__}: {err}") from None
     return [
         {
             "tokens": [list(c.token_ids) for c in out.outputs],
@@ -87,7 +101,7 @@ def start_engine(path: str, engine_kwargs: dict) -> str:
 
     try:
         LLM(path, **{**ENGINE_DEFAULTS, **engine_kwargs})
-    except Exception as err:  # noqa: BLE001  (vLLM wraps the model's error in its own types: we check the text)
+    except (ValueError, RuntimeError) as err:  # the model's own error, or vLLM's config validation wrapping it
         return f"{type(err).__name__}: {err}"
     return "started"
 
@@ -156,14 +170,15 @@ def random_prompts(lengths: list[int], seed: int, vocab: int = TINY_VOCAB) -> li
 # ---------------------------------------------------------------------------------------------- the tiny model
 
 
-def tiny_t2mlr() -> T2MLRForCausalLM:
-    """A 4-block Llama-family T²MLR(2,3) with head_dim 64 (the smallest vLLM's CPU attention takes) and its
-    gates open: γ's off zero and W_rec scaled up, so R visibly moves the logits."""
+def tiny_t2mlr(family: str = "llama", l_start: int = 2, l_end: int = 3) -> T2MLRForCausalLM:
+    """A 4-block T²MLR with head_dim 64 (the smallest vLLM's CPU attention takes) and its gates open: γ's off
+    zero and W_rec scaled up, so R visibly moves the logits."""
     torch.manual_seed(0)
-    base = LlamaConfig(vocab_size=TINY_VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
-                       num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=512,
-                       bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
-    model = T2MLRForCausalLM(T2MLRConfig.from_base(base, l_start=2, l_end=3)).eval()
+    fields = dict(vocab_size=TINY_VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+                  num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=512,
+                  bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+    base = AutoConfig.for_model(family, **fields)
+    model = T2MLRForCausalLM(T2MLRConfig.from_base(base, l_start=l_start, l_end=l_end)).eval()
     with torch.no_grad():
         fusion_parameter(model, "gamma_cur").fill_(0.6)
         fusion_parameter(model, "gamma_rec").fill_(-0.9)
@@ -276,9 +291,7 @@ def test_several_completions_and_stop_tokens(engines: Engines, tiny) -> None:
 
 def test_a_too_long_prompt_is_refused_and_the_engine_keeps_serving(engines: Engines, tiny) -> None:
     path, model = tiny
-    from vllm.exceptions import VLLMValidationError
-
-    with pytest.raises(VLLMValidationError, match="maximum context length is 256 tokens"):
+    with pytest.raises(EngineError, match="VLLMValidationError: This model's maximum context length is 256 tokens"):
         engines.generate("tiny", path, random_prompts([300], seed=8), TINY_ENGINE, max_tokens=4)
     prompt = random_prompts([5], seed=9)[0]
     result = engines.generate("tiny", path, [prompt], TINY_ENGINE, max_tokens=NEW_TOKENS, logprobs=5,
@@ -288,7 +301,8 @@ def test_a_too_long_prompt_is_refused_and_the_engine_keeps_serving(engines: Engi
 
 def test_jacobi_prefill_is_generates_jacobi_prefill(engines: Engines, tiny) -> None:
     """`t2mlr_prefill: jacobi` at depth 3, below the prompts' lengths: approximate prompt states, exactly
-    those of `generate(prefill="jacobi", prefill_depth=3)`; a depth past every chunk's length is exact."""
+    those of `generate(prefill="jacobi", prefill_depth=3)`; a depth past every chunk's length is exact, also
+    when each request stops early on its own states."""
     path, model = tiny
     prompts = random_prompts([4, 9, 30], seed=10)
     shallow = dict(TINY_ENGINE, hf_overrides={"t2mlr_prefill": "jacobi", "t2mlr_prefill_depth": 3})
@@ -299,10 +313,28 @@ def test_jacobi_prefill_is_generates_jacobi_prefill(engines: Engines, tiny) -> N
         assert_matches(result, *reference)
         differs |= reference[0] != greedy_reference(model, prompt, NEW_TOKENS)[0]
     assert differs, "depth 3 should be approximate on at least one prompt, or the test does not test the option"
-    deep = dict(TINY_ENGINE, hf_overrides={"t2mlr_prefill": "jacobi", "t2mlr_prefill_depth": 65})
+    # past the chunks' lengths, with tolerance 0: each request stops once its states no longer move at all,
+    # which happens only at the fixed point (position t is exact after t iterates)
+    deep = dict(TINY_ENGINE, hf_overrides={"t2mlr_prefill": "jacobi", "t2mlr_prefill_depth": 65,
+                                           "t2mlr_prefill_tol": 0.0})
     results = engines.generate("jacobi65", path, prompts, deep, max_tokens=NEW_TOKENS, logprobs=5, ignore_eos=True)
     for prompt, result in zip(prompts, results):
         assert_matches(result, *greedy_reference(model, prompt, NEW_TOKENS))
+
+
+@pytest.mark.parametrize(("family", "l_start", "l_end"), [("qwen2", 1, 2), ("mistral", 3, 4), ("qwen3", 2, 2)])
+def test_every_backbone_family_gives_generates_tokens(engines: Engines, tmp_path: Path, family: str, l_start: int,
+                                                      l_end: int) -> None:
+    """Qwen2 (q/k/v biases), Mistral and Qwen3 (q/k norms) backbones, with the recurrence at the first block,
+    the last block and a one-block middle: vLLM's layers of that family, loaded from the saved checkpoint."""
+    model = tiny_t2mlr(family, l_start, l_end)
+    model.save_pretrained(tmp_path)
+    model = T2MLRForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    prompts = random_prompts([5, 20], seed=12)
+    results = engines.generate(family, tmp_path, prompts, {"max_model_len": 128, "skip_tokenizer_init": True},
+                               max_tokens=8, logprobs=5, ignore_eos=True)
+    for prompt, result in zip(prompts, results):
+        assert_matches(result, *greedy_reference(model, prompt, 8))
 
 
 # ---------------------------------------------------------------------------------------------- bad input

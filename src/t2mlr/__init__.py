@@ -9,10 +9,8 @@ Saved directories also load without the import (`trust_remote_code=True`, see `t
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from t2mlr import auto_registration
+from t2mlr.utils import lazy_names
 
 auto_registration.install()
 
@@ -22,8 +20,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """Load the model classes on first access (PEP 562)."""
-    if name in __all__:
-        return getattr(importlib.import_module("t2mlr.model"), name)
-    raise AttributeError(f"module 't2mlr' has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, {name: "model" for name in __all__ if name != "__version__"})

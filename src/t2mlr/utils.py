@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import importlib
 import inspect
 import os
 import typing
@@ -99,6 +100,19 @@ def free_cores() -> int:
     if not hasattr(os, "getloadavg"):
         return cores
     return max(1, min(cores, round(cores - os.getloadavg()[0])))
+
+
+def lazy_names(package: str, homes: dict[str, str]) -> Callable[[str], Any]:
+    """A package's module-level `__getattr__` (PEP 562) that imports each public name from its submodule
+    (`homes`: name → submodule, relative to `package`) on first access, so importing the package, and the
+    command-line help that imports it, does not pay for torch and transformers."""
+
+    def load(name: str) -> Any:
+        if name in homes:
+            return getattr(importlib.import_module(f"{package}.{homes[name]}"), name)
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    return load
 
 
 def nearest_name(name: str, valid: Iterable[str]) -> str | None:

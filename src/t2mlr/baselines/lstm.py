@@ -28,6 +28,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutput
 
+from t2mlr.model.wrapping import BackboneAndHead
 from t2mlr.utils import IGNORE_INDEX
 
 __all__ = ["LSTMBackbone", "T2MLRLSTMConfig", "T2MLRLSTMForCausalLM"]
@@ -98,7 +99,7 @@ class LSTMBackbone(nn.Module):
         return torch.zeros_like(out).scatter(1, index, out)
 
 
-class T2MLRLSTMForCausalLM(PreTrainedModel):
+class T2MLRLSTMForCausalLM(BackboneAndHead, PreTrainedModel):
     """LSTM causal LM with the same forward/save/load interface as T²MLR (see the module docstring)."""
 
     config_class = T2MLRLSTMConfig
@@ -111,15 +112,6 @@ class T2MLRLSTMForCausalLM(PreTrainedModel):
         self.model = LSTMBackbone(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size)
         self.post_init()
-
-    def get_input_embeddings(self) -> nn.Module:
-        return self.model.embed_tokens
-
-    def set_input_embeddings(self, value: nn.Module) -> None:
-        self.model.embed_tokens = value
-
-    def get_output_embeddings(self) -> nn.Module:
-        return self.lm_head
 
     def forward(
         self,

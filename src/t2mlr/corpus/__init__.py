@@ -14,18 +14,16 @@ The names load from their modules on first use (PEP 562, as in ``t2mlr``), so th
 ``t2mlr data`` commands' help does not import torch.
 """
 
-import importlib
-from typing import Any
-
 from t2mlr.corpus.errors import CorpusError
+from t2mlr.utils import lazy_names
 
 _LAZY = {
-    "ShardedTokenDataset": "t2mlr.corpus.dataset",
-    "prepare_offline_corpus": "t2mlr.corpus.offline",
-    "train_bpe_tokenizer": "t2mlr.corpus.offline",
-    "read_manifest": "t2mlr.corpus.shards",
-    "resolve_inputs": "t2mlr.corpus.sources",
-    "tokenize_corpus": "t2mlr.corpus.tokenize",
+    "ShardedTokenDataset": "dataset",
+    "prepare_offline_corpus": "offline",
+    "train_bpe_tokenizer": "offline",
+    "read_manifest": "shards",
+    "resolve_inputs": "sources",
+    "tokenize_corpus": "tokenize",
 }
 
 __all__ = [
@@ -39,8 +37,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """Load a name's module on first access."""
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 't2mlr.corpus' has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY)

@@ -6,8 +6,7 @@ torch and transformers are imported."""
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from t2mlr.utils import lazy_names
 
 _HOMES = {
     "GenerationSettings": "text",
@@ -20,8 +19,4 @@ _HOMES = {
 __all__ = sorted(_HOMES)
 
 
-def __getattr__(name: str) -> Any:
-    """Load a name's module on first access (PEP 562)."""
-    if name in _HOMES:
-        return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _HOMES)

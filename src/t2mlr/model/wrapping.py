@@ -161,16 +161,12 @@ class DecoderBackbone(RunsBaseDecoder):
         )
 
 
-class LMHeadOverBackbone(RunsBaseDecoder):
-    """Mixin of a causal LM (list it before PreTrainedModel) that is a backbone under `model` plus `lm_head`.
-
-    Tying, the embedding accessors, the loss and the base decoder as a standalone model are written here
-    once; `from_pretrained` also reads checkpoints written before the backbone layout (0.1).
-    """
+class BackboneAndHead:
+    """Mixin of a causal LM (list it before PreTrainedModel) that is a backbone under `model`, whose token
+    embedding is `model.embed_tokens`, plus `lm_head`: the accessors transformers and PEFT use."""
 
     model: nn.Module
     lm_head: nn.Module
-    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}  # noqa: RUF012  (transformers' API)
 
     def get_input_embeddings(self) -> nn.Module:
         return self.model.embed_tokens
@@ -186,6 +182,16 @@ class LMHeadOverBackbone(RunsBaseDecoder):
 
     def get_decoder(self) -> nn.Module:
         return self.model
+
+
+class LMHeadOverBackbone(BackboneAndHead, RunsBaseDecoder):
+    """Mixin of a causal LM over a base decoder's parts (list it before PreTrainedModel).
+
+    Tying, the loss and the base decoder as a standalone model are written here once; `from_pretrained`
+    also reads checkpoints written before the backbone layout (0.1).
+    """
+
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}  # noqa: RUF012  (transformers' API)
 
     def logits_and_loss(
         self, hidden: torch.Tensor, labels: torch.Tensor | None, logits_to_keep: int | torch.Tensor, **loss_kwargs: Any

@@ -6,8 +6,7 @@ their rewards as TRL reward functions; `t2mlr rl grpo CONFIG --out DIR` runs it 
 (`t2mlr.rl.grpo`). See docs/rl.md.
 """
 
-import importlib
-from typing import Any
+from t2mlr.utils import lazy_names
 
 # Public name -> the submodule that defines it, loaded on first access (PEP 562): `t2mlr rl grpo --help` and
 # `import t2mlr.rl.tasks` do not pay for TRL.
@@ -20,7 +19,4 @@ _HOMES = {
 __all__ = sorted(_HOMES)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _HOMES:
-        return getattr(importlib.import_module(f"t2mlr.rl.{_HOMES[name]}"), name)
-    raise AttributeError(f"module 't2mlr.rl' has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _HOMES)

@@ -8,8 +8,7 @@ Quick start::
     t2mlr plot runs/x
 """
 
-import importlib
-from typing import Any
+from t2mlr.utils import lazy_names
 
 # Public name -> the submodule that defines it. Loaded on first access (PEP 562), so a command that
 # only needs the argument parser (`t2mlr train --help`) does not pay for torch and transformers.
@@ -39,7 +38,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _HOMES:
-        return getattr(importlib.import_module(f"t2mlr.training.{_HOMES[name]}"), name)
-    raise AttributeError(f"module 't2mlr.training' has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _HOMES)
