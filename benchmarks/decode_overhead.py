@@ -50,12 +50,12 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from t2mlr import T2MLRConfig, T2MLRForCausalLM
+from t2mlr.utils import parse_int_list
 from t2mlr.analysis.benchmarking import (
     machine_info,
     median_ratio,
     open_gates,
     paired_times,
-    parse_int_list,
     parse_placements,
     print_report,
     profile_table,

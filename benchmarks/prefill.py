@@ -47,9 +47,9 @@ from pathlib import Path
 import torch
 
 from t2mlr import T2MLRCache, T2MLRConfig, T2MLRForCausalLM
+from t2mlr.utils import parse_int_list
 from t2mlr.analysis.benchmarking import (
     machine_info,
-    parse_int_list,
     parse_placements,
     print_report,
     text_rows,

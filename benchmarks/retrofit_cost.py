@@ -77,12 +77,12 @@ def measure_memory(source: str, l_start: int, l_end: int) -> dict[str, Any]:
 
 
 def training_batch(tokenizer: Any, rows: int) -> dict[str, torch.Tensor]:
-    from t2mlr.experiments.retrofit_data import PromptTargetDataset, arithmetic_records
-    from t2mlr.tasks.arithmetic import ArithmeticSettings
+    from t2mlr.tasks.arithmetic import ArithmeticSettings, arithmetic_retrofit_records
+    from t2mlr.tasks.sft import SFTDataset
     from t2mlr.training.data import Collator
 
-    records = arithmetic_records(rows, "train", 0, ArithmeticSettings(min_steps=2, max_steps=3))
-    dataset = PromptTargetDataset(records, tokenizer, 512)
+    records = arithmetic_retrofit_records(rows, "train", 0, ArithmeticSettings(min_steps=2, max_steps=3))
+    dataset = SFTDataset(records, tokenizer, bos=False, max_length=512)
     return Collator(tokenizer.pad_token_id)([dataset[i] for i in range(rows)])
 
 

@@ -41,11 +41,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from t2mlr import T2MLRConfig, T2MLRForCausalLM
+from t2mlr.utils import parse_int_list
 from t2mlr.analysis.benchmarking import (
     machine_info,
     median_ratio,
     open_gates,
-    parse_int_list,
     print_report,
 )
 from t2mlr.baselines.costs import decode_step_flops

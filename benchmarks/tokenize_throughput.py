@@ -42,7 +42,8 @@ from typing import Any
 
 import torch
 
-from t2mlr.analysis.benchmarking import machine_info, parse_int_list, print_report
+from t2mlr.utils import parse_int_list
+from t2mlr.analysis.benchmarking import machine_info, print_report
 
 # ---------------------------------------------------------------------------------------------
 # Corpus, tokenizer, texts

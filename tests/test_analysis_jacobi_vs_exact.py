@@ -9,10 +9,10 @@ import pytest
 import yaml
 from analysis_helpers import TINY_TRAINING
 
-from t2mlr.analysis.arms import config_tree, transformer_arm
 from t2mlr.analysis.jacobi_vs_exact import training_arms
 from t2mlr.baselines.matching import count_parameters
 from t2mlr.cli import main
+from t2mlr.training.arms import config_tree, matched_arm
 from t2mlr.training.config import config_from_tree, load_yaml_tree, resolve_config_path
 from t2mlr.training.model_factory import build_model
 
@@ -37,7 +37,7 @@ def test_the_arms_share_everything_but_the_training_path() -> None:
 def test_the_transformer_arm_is_parameter_matched() -> None:
     tree = config_tree("debug")
     t2mlr_params = count_parameters(build_model(config_from_tree(tree).model))
-    transformer = build_model(transformer_arm(tree).config.model)
+    transformer = build_model(matched_arm(tree, "transformer", "transformer").config.model)
     assert count_parameters(transformer) >= t2mlr_params
     assert transformer.config.hidden_size > 64  # widened from the debug preset's 64
 

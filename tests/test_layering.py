@@ -4,11 +4,15 @@
           → (training, evaluation) → analysis → experiments → cli
 
 A module may import its own subpackage and any lower layer, never a higher one or a sibling on its own
-layer. Lazy imports inside functions count too: the whole source is parsed."""
+layer. Lazy imports inside functions count too: the whole source is parsed. Inside a subpackage, no two
+modules may import each other, directly or round a longer circle. And nothing imports the package from
+above it: no Python file lives among the results, configs or docs (a script belongs in benchmarks/ or
+becomes a command), and the package imports neither benchmarks nor tests."""
 
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import t2mlr
@@ -74,3 +78,112 @@ def test_the_checker_sees_a_violation(tmp_path: Path) -> None:
     assert imported_parts("from t2mlr.training import train\nfrom .cache import T2MLRCache\n", fake) == {
         "training", "model"}
     assert imported_parts("def f():\n    import t2mlr.experiments.s5_presets\n", fake) == {"experiments"}
+
+
+# ---------------------------------------------------------------------------------------------- import circles
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(source: str, module: str, is_package: bool, known: set[str]) -> set[str]:
+    """The t2mlr modules one module imports (a name imported from a package counts as its submodule when
+    there is one), relative imports resolved."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = module.split(".")[: len(module.split(".")) - node.level + is_package]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            found |= {f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names}
+    return {name for name in found if name in known and name != module}
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph[node]:
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    sys.setrecursionlimit(max(10_000, sys.getrecursionlimit()))
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return circles
+
+
+def package_graph() -> dict[str, set[str]]:
+    paths = {module_name(path): path for path in PACKAGE.rglob("*.py")}
+    known = set(paths)
+    return {name: imported_modules(path.read_text(encoding="utf-8"), name, path.name == "__init__.py", known)
+            for name, path in paths.items()}
+
+
+def test_no_module_imports_itself_round_a_circle() -> None:
+    circles = import_circles(package_graph())
+    assert not circles, "modules importing each other: " + "; ".join(" ⇄ ".join(c) for c in circles)
+
+
+def test_the_circle_finder_sees_a_circle() -> None:
+    known = {"t2mlr.x.a", "t2mlr.x.b", "t2mlr.x.c", "t2mlr.x"}
+    edges = {"t2mlr.x.a": "from t2mlr.x.b import f\n", "t2mlr.x.b": "def g():\n    from . import c\n",
+             "t2mlr.x.c": "import t2mlr.x.a\n", "t2mlr.x": ""}
+    graph = {name: imported_modules(source, name, name == "t2mlr.x", known) for name, source in edges.items()}
+    assert graph["t2mlr.x.b"] == {"t2mlr.x.c"}
+    assert import_circles(graph) == [["t2mlr.x.a", "t2mlr.x.b", "t2mlr.x.c"]]
+    del graph["t2mlr.x.c"], graph["t2mlr.x.b"]
+    graph["t2mlr.x.a"] = set()
+    assert import_circles(graph) == []
+
+
+# ---------------------------------------------------------------------------------------------- the repository
+
+REPOSITORY = PACKAGE.parents[1]
+NO_CODE = ("results", "docs", "configs")  # data and words: what produced them is a benchmark or a command
+
+
+def test_no_script_lives_among_results_docs_or_configs() -> None:
+    if not (REPOSITORY / "pyproject.toml").is_file():
+        return  # an installed package without its repository
+    scripts = [str(path.relative_to(REPOSITORY)) for folder in NO_CODE for path in (REPOSITORY / folder).rglob("*.py")]
+    assert not scripts, f"scripts that import the package from above it (move them to benchmarks/): {scripts}"
+
+
+def test_the_package_imports_no_script() -> None:
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            offenders += [f"{path.relative_to(PACKAGE)}: {name}" for name in names
+                          if name.split(".")[0] in ("benchmarks", "tests", "conftest")]
+    assert not offenders, "the package imports scripts above it: " + ", ".join(offenders)

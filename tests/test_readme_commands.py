@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from t2mlr.cli import main as cli_main
 
@@ -31,6 +32,8 @@ AS_WRITTEN = [
     't2mlr generate runs/debug/final --prompt "t3 t17 t5" --prefill jacobi --prefill-depth 8 --do-sample --top-p 0.9',
     't2mlr generate runs/debug/final --prompt "t3 t17 t5" --prefill jacobi --prefill-depth 16 --prefill-tol 1e-3',
     't2mlr generate runs/debug/final --prompt "t3 t17 t5" --max-new-tokens 16 --compile default',
+    "t2mlr experiment s5-retrieval --preset tiny --out runs/s5_lr optim.lr=1e-3 model.d_forward=8 --workers 1",
+    "t2mlr experiment finetune variable-assignment --preset tiny --out runs/ft_lr task.eval_size=6 train.max_steps=3",
 ]
 
 # The same command with smaller sizes (the written one takes minutes to hours, or needs the hub).
@@ -220,3 +223,6 @@ def test_readme_commands_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert (tmp_path / "runs" / "debug_resumed" / "final" / "model.safetensors").is_file()
     assert (tmp_path / "data" / "prosqa" / "eval.jsonl").is_file()
     assert (tmp_path / "runs" / "ft_summary" / "pass_at_1.png").is_file()
+    lr = yaml.safe_load((tmp_path / "runs" / "s5_lr" / "transformer" / "config.yaml").read_text())
+    assert lr["optim"]["lr"] == 1e-3  # an override reaches every arm, the baselines too
+    assert yaml.safe_load((tmp_path / "runs" / "ft_lr" / "transformer" / "config.yaml").read_text())["train"]["max_steps"] == 3

@@ -3,7 +3,6 @@ on a tiny saved Llama with its own tokenizer (seconds; the real SmolLM2 is in te
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -20,21 +19,29 @@ from transformers import (
 
 from t2mlr import T2MLRForCausalLM
 from t2mlr.cli import main as cli_main
-from t2mlr.experiments.retrofit import arm_config, run_experiment
-from t2mlr.experiments.retrofit_data import (
-    PromptTargetDataset,
-    arithmetic_records,
-    gsm8k_records,
-)
-from t2mlr.experiments.retrofit_presets import get_preset
+from t2mlr.experiments import retrofit
+from t2mlr.experiments.retrofit import RetrofitTask
+from t2mlr.tasks.arithmetic import arithmetic_retrofit_records as arithmetic_records
+from t2mlr.tasks.loaders import gsm8k_records
+from t2mlr.tasks.sft import SFTDataset
 from t2mlr.model.pretrained import IncompatibleBaseError, PretrainedSourceError
 from t2mlr.tasks.arithmetic import ArithmeticSettings
 from t2mlr.tasks.tokenizers import build_word_tokenizer, word_vocab_from_texts
 from t2mlr.training import model_factory
-from t2mlr.training.config import ConfigError, config_from_tree, load_config
+from t2mlr.training.config import ConfigError, config_from_tree, load_config, load_sections
 from t2mlr.training.trainer import Trainer
 
 SETTINGS = ArithmeticSettings(min_steps=2, max_steps=3)
+
+
+def load_retrofit(preset: str, overrides: tuple[str, ...] = ()) -> tuple[RetrofitTask, dict]:
+    tree, sections = load_sections(retrofit.config_name(preset), overrides, {"task": RetrofitTask})
+    return sections["task"], tree
+
+
+def arms(preset: str, overrides: tuple[str, ...] = (), base: Path = Path("/tmp/base")) -> dict:
+    task, tree = load_retrofit(preset, overrides)
+    return {arm.name: arm.config for arm in retrofit.build_arms(task, tree, base, base / "train.jsonl", 2)}
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread_per_module")
@@ -207,8 +214,8 @@ def test_retrofit_command_refuses_bad_input(pretrained_dir: Path, tmp_path: Path
 def test_prompts_are_masked_from_the_loss_and_optionally_the_recurrence() -> None:
     tokenizer = arithmetic_tokenizer()
     records = arithmetic_records(3, "train", 0, SETTINGS)
-    plain = PromptTargetDataset(records, tokenizer, 512)
-    masked = PromptTargetDataset(records, tokenizer, 512, mask_prompt_recurrence=True)
+    plain = SFTDataset(records, tokenizer, bos=False, max_length=512)
+    masked = SFTDataset(records, tokenizer, bos=False, prompt_recurrence_mask=True, max_length=512)
     for record, row, masked_row in zip(records, plain, masked):
         prompt = tokenizer(record["prompt"], add_special_tokens=False)["input_ids"]
         target = tokenizer(record["target"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
@@ -217,7 +224,7 @@ def test_prompts_are_masked_from_the_loss_and_optionally_the_recurrence() -> Non
         assert "recurrence_mask" not in row
         assert masked_row["recurrence_mask"].tolist() == [False] * len(prompt) + [True] * len(target)
     with pytest.raises(ValueError, match="more than max_length=5"):
-        PromptTargetDataset(records, tokenizer, 5)
+        SFTDataset(records, tokenizer, bos=False, max_length=5)
 
 
 def test_gsm8k_rows_take_the_number_after_the_marks(tmp_path: Path) -> None:
@@ -228,41 +235,46 @@ def test_gsm8k_rows_take_the_number_after_the_marks(tmp_path: Path) -> None:
 
 
 def test_paper_preset_is_the_papers_recipe_and_builds_valid_configs(tmp_path: Path) -> None:
-    paper = get_preset("paper")
-    assert (paper.source, paper.l_start, paper.l_end) == ("HuggingFaceTB/SmolLM2-1.7B-Instruct", 5, 28)
-    assert (paper.lr, paper.betas, paper.weight_decay) == (5e-5, (0.9, 0.999), 0.01)
     with pytest.raises(ValueError, match="OpenMathReasoning"):
-        paper.validate()
-    ready = dataclasses.replace(paper, train_path="omr.parquet", eval_path="gsm8k.jsonl")
-    ready.validate()
-    for arm in ("transformer", "t2mlr"):
-        cfg = arm_config(ready, arm, tmp_path / "base", tmp_path / "train.jsonl", 2, "cuda")
-        assert (cfg.optim.lr, cfg.optim.betas, cfg.train.global_batch_size) == (5e-5, (0.9, 0.999), 64)
-    t2mlr = arm_config(ready, "t2mlr", tmp_path / "base", tmp_path / "train.jsonl", 2, "cuda")
-    assert (t2mlr.model.l_start, t2mlr.model.l_end) == (5, 28)
+        load_retrofit("paper")
+    task, tree = load_retrofit("paper", ("task.train_path=omr.parquet", "task.eval_path=gsm8k.jsonl"))
+    assert (tree["model"]["pretrained"], tree["model"]["l_start"], tree["model"]["l_end"]) == (
+        "HuggingFaceTB/SmolLM2-1.7B-Instruct", 5, 28)
+    configs = arms("paper", ("task.train_path=omr.parquet", "task.eval_path=gsm8k.jsonl"), tmp_path / "base")
+    for cfg in configs.values():
+        assert (cfg.optim.lr, cfg.optim.betas, cfg.optim.weight_decay, cfg.train.global_batch_size) == (
+            5e-5, (0.9, 0.999), 0.01, 64)
+        assert cfg.model.pretrained == str(tmp_path / "base")
+    assert (configs["t2mlr"].model.l_start, configs["t2mlr"].model.l_end) == (5, 28)
 
 
 def test_arms_differ_only_in_the_model(tmp_path: Path) -> None:
-    cpu = get_preset("cpu")
-    assert (cpu.l_start, cpu.l_end, cpu.source) == (5, 26, "smollm2-135m-instruct")
-    base, t2mlr = (arm_config(cpu, arm, tmp_path, tmp_path / "t.jsonl", 2, "cpu").to_dict()
-                   for arm in ("transformer", "t2mlr"))
+    task, tree = load_retrofit("cpu")
+    assert (tree["model"]["l_start"], tree["model"]["l_end"], tree["model"]["pretrained"]) == (5, 26,
+                                                                                                "smollm2-135m-instruct")
+    configs = arms("cpu", base=tmp_path)
+    base, t2mlr = (configs[arm].to_dict() for arm in ("transformer", "t2mlr"))
+    assert base["model"]["arch"] == "transformer" and t2mlr["model"]["arch"] == "t2mlr"
     for section in ("data", "optim", "schedule", "train"):
         assert base[section] == t2mlr[section]
 
 
+def run_experiment(out: Path, *overrides: str, overwrite: bool = False) -> dict:
+    task, tree = load_retrofit("tiny", ("train.device=cpu", *overrides))
+    return retrofit.run("tiny", task, tree, out, overwrite=overwrite)
+
+
 # ------------------------------------------------------------------------------------------ the experiment
 def test_tiny_experiment_writes_every_result(pretrained_dir: Path, tmp_path: Path) -> None:
-    preset = dataclasses.replace(get_preset("tiny"), source=str(pretrained_dir), max_length=512,
-                                 mask_prompt_recurrence=True)
-    results = run_experiment(preset, tmp_path / "exp", device="cpu")
+    overrides = (f"model.pretrained={pretrained_dir}", "task.max_length=512", "model.recurrence_mask_policy=mask")
+    results = run_experiment(tmp_path / "exp", *overrides)
     out = tmp_path / "exp"
     assert set(results["models"]) == {"base", "transformer", "t2mlr"}
     for arm in ("transformer", "t2mlr"):
         info = results["models"][arm]
-        assert info["steps"] == preset.steps and len(info["losses"]) == preset.steps and info["tokens_seen"] > 0
+        assert info["steps"] == 2 and len(info["losses"]) == 2 and info["tokens_seen"] > 0
         predictions = [json.loads(line) for line in (out / "predictions" / f"{arm}.jsonl").read_text().splitlines()]
-        assert len(predictions) == preset.eval_problems
+        assert len(predictions) == 4
         assert sum(p["correct"] for p in predictions) == info["solved"]
         for metric in ("strict_match", "flexible_extract"):  # every metric, counted from the replies
             assert sum(p["scores"][metric]["correct"] for p in predictions) == info["metrics"][metric]["solved"]
@@ -271,7 +283,7 @@ def test_tiny_experiment_writes_every_result(pretrained_dir: Path, tmp_path: Pat
     assert (out / "retrofit.png").stat().st_size > 0
     assert "finetuned T²MLR retrofit" in (out / "results.md").read_text()
     with pytest.raises(FileExistsError):
-        run_experiment(preset, out, device="cpu")
+        run_experiment(out, *overrides)
 
 
 def test_seeds_summary_reports_means_spreads_and_gaps() -> None:

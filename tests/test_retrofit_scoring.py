@@ -4,7 +4,6 @@ refused before any model is loaded. Small local files written here; nothing is d
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -18,8 +17,8 @@ from t2mlr.experiments.retrofit import (
     score_reply,
     write_summary,
 )
-from t2mlr.experiments.retrofit_data import math500_records
-from t2mlr.experiments.retrofit_presets import get_preset
+from t2mlr.tasks.loaders import math500_records
+from t2mlr.training.config import load_sections
 from t2mlr.tasks.jsonl import write_jsonl
 
 
@@ -33,9 +32,9 @@ def test_paper_preset_evaluates_every_row_of_the_gsm8k_file(tmp_path: Path) -> N
     """All 1319 problems of GSM8K's test split (a file of that many rows stands in for it), not a prefix."""
     gsm8k = tmp_path / "gsm8k_test.jsonl"
     write_jsonl([{"question": f"Q{i}?", "answer": f"step\n#### {i}"} for i in range(1319)], gsm8k)
-    preset = dataclasses.replace(get_preset("paper"), train_path=str(omr_file(tmp_path / "omr.jsonl")),
-                                 eval_path=str(gsm8k))
-    train, evaluation = build_records(preset)
+    _, sections = load_sections(retrofit.config_name("paper"), [f"task.train_path={omr_file(tmp_path / 'omr.jsonl')}",
+                                                                f"task.eval_path={gsm8k}"], {"task": retrofit.RetrofitTask})
+    train, evaluation = build_records(sections["task"], 0)
     assert len(evaluation) == 1319 and evaluation[-1]["answer"] == "1318"
     assert [r["answer"] for r in train] == ["0", "2", "4"]
 
@@ -143,18 +142,14 @@ def test_bad_evaluation_data_exits_2_before_any_model_is_loaded(
 
 def test_eval_math500_reaches_the_preset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seen = {}
-    monkeypatch.setattr(retrofit, "run_experiment", lambda preset, *a, **k: seen.setdefault("preset", preset))
+    def run(preset, task, tree, out, **options) -> None:
+        seen["task"] = task
+        (out / "results.md").write_text("", encoding="utf-8")  # what the command prints at the end
+
+    monkeypatch.setattr(retrofit, "run", run)
     path = tmp_path / "math500.jsonl"
     write_jsonl([{"problem": "Q?", "answer": "1"}], path)
-    retrofit._run_retrofit(cli_args(["--preset", "paper", "--eval", "math500", "--eval-path", str(path),
-                                     "--train-path", "omr.parquet", "--out", str(tmp_path)]))
-    preset = seen["preset"]
-    assert (preset.eval_data, preset.eval_path, preset.eval_problems) == ("math500", str(path), None)
-
-
-def cli_args(argv: list[str]):
-    import argparse
-
-    parser = argparse.ArgumentParser()
-    retrofit.add_experiment(parser.add_subparsers(dest="experiment"))
-    return parser.parse_args(["retrofit", *argv])
+    assert cli_main(["experiment", "retrofit", "--preset", "paper", "--eval", "math500", "--eval-path", str(path),
+                     "--train-path", "omr.parquet", "--out", str(tmp_path)]) == 0
+    task = seen["task"]
+    assert (task.eval_data, task.eval_path, task.eval_problems) == ("math500", str(path), None)

@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from t2mlr.experiments.s5 import run_dir_name
 from t2mlr.experiments.s5_evidence import DESIGNS, MAIN_ARMS, run_study
-from t2mlr.experiments.s5_retrieval import run_dir_name
 from t2mlr.training.trainer import NonFiniteLossError, Trainer
 
 SEEDS = (0, 1)
-STUDY = {"steps": 4, "checkpoint_every": 2, "workers": 1, "cost_rounds": 2, "decode_rounds": 1}
+STUDY = {"overrides": ["train.max_steps=4", "task.baseline_steps=4", "checkpoint.every=2", "train.device=cpu"],
+         "workers": 1, "cost_rounds": 2, "decode_rounds": 1}
 FAILING = ("seed_1", "tiny", "looped_full_3")  # the run the first call stops on a non-finite loss
 
 

@@ -11,15 +11,11 @@ import torch
 import yaml
 
 from t2mlr.baselines.matching import count_parameters, parse_model_spec
-from t2mlr.experiments.commands import S5_PRESET_NAMES, register
-from t2mlr.experiments.s5_presets import PRESETS, get_preset
-from t2mlr.experiments.s5_retrieval import (
-    RESULTS_JSON,
-    model_sections,
-    steps_of,
-    train_config,
-)
+from t2mlr.experiments import s5
+from t2mlr.experiments.commands import presets, register
+from t2mlr.experiments.s5 import RESULTS_JSON, steps_of
 from t2mlr.tasks.tokenizers import build_s5_tokenizer
+from t2mlr.training.config import load_sections
 from t2mlr.training.model_factory import build_model
 
 NEW_SPELLINGS = ("t2mlr:1-2:exact", "t2mlr:1-2:jacobi:16:4", "t2mlr:1-2:jacobi:4:2", "transformer:compute-matched",
@@ -38,8 +34,16 @@ def _train_records(run_dir) -> list[dict]:
     return [r for r in map(json.loads, lines) if r.get("split") == "train"]
 
 
-def test_preset_names_of_the_command_line_are_the_presets() -> None:
-    assert set(S5_PRESET_NAMES) == set(PRESETS)
+def _arms(preset: str, names: tuple[str, ...]) -> tuple[s5.S5Task, dict]:
+    """The arms as the experiment builds them, on a preset's config filled in for its tokenizer."""
+    tree, sections = load_sections(s5.config_name(preset), ["train.device=cpu"], {"task": s5.S5Task})
+    task = sections["task"]
+    filled = s5.filled_tree(task, tree, build_s5_tokenizer(task.k, task.alphabet), "unused")
+    return task, s5.build_arms(task, filled, names)
+
+
+def test_preset_names_of_the_command_line_are_the_config_files() -> None:
+    assert set(presets("s5")) == {"paper", "cpu", "cpu-deep", "tiny", "tiny-deep"}
 
 
 def test_train_recurrence_jacobi_trains_on_the_jacobi_path(tmp_path) -> None:
@@ -53,7 +57,7 @@ def test_train_recurrence_jacobi_trains_on_the_jacobi_path(tmp_path) -> None:
     assert records and all(r["recurrence"] == "jacobi" and r["jacobi_iterations"] == 5 for r in records)
     model = json.loads((out / RESULTS_JSON).read_text())["models"][0]
     assert (model["train_path"], model["eval_path"]) == ("Jacobi (5, 2)", "exact")
-    assert json.loads((out / RESULTS_JSON).read_text())["preset"]["train_recurrence"] == "jacobi"
+    assert yaml.safe_load((out / "t2mlr" / "config.yaml").read_text())["model"]["train_recurrence"] == "jacobi"
 
     default = tmp_path / "exact"  # the tiny preset's own path: exact, whose forward reports no iterations
     assert _cli(["experiment", "s5-retrieval", "--preset", "tiny", "--out", str(default), "--models", "t2mlr",
@@ -107,12 +111,9 @@ def test_new_spellings_read_back_and_name_a_directory(spelling: str) -> None:
 def test_every_new_arm_is_parameter_matched(preset_name: str, spellings: tuple[str, ...]) -> None:
     """Built as the experiment builds them: T²MLR arms on another path have T²MLR's count exactly, the
     baselines at least T²MLR's and within 1% of it."""
-    preset = get_preset(preset_name)
-    tokenizer = build_s5_tokenizer(preset.k, preset.alphabet)
-    sections, _ = model_sections(preset, tokenizer, ("t2mlr", *spellings))
+    _, arms = _arms(preset_name, ("t2mlr", *spellings))
     with torch.device("meta"):
-        counts = {name: count_parameters(build_model(train_config(preset, name, section, "unused", "cpu").model))
-                  for name, section in sections.items() if name in ("t2mlr", *spellings)}
+        counts = {name: count_parameters(build_model(arm.config.model)) for name, arm in arms.items()}
     reference = counts["t2mlr"]
     for name in spellings:
         if parse_model_spec(name).kind == "t2mlr":
@@ -122,20 +123,18 @@ def test_every_new_arm_is_parameter_matched(preset_name: str, spellings: tuple[s
 
 
 def test_training_paths_and_compute_matched_steps_reach_the_trainer_config() -> None:
-    preset = get_preset("cpu")
-    tokenizer = build_s5_tokenizer(preset.k, preset.alphabet)
     names = ("t2mlr", "transformer", "t2mlr:1-2:jacobi:16:4", "t2mlr:1-2:exact", "transformer:compute-matched")
-    sections, _ = model_sections(preset, tokenizer, names)
-    configs = {name: train_config(preset, name, sections[name], "unused", "cpu") for name in names}
+    task, arms = _arms("cpu", names)
+    configs = {name: arm.config for name, arm in arms.items()}
     jacobi = configs["t2mlr:1-2:jacobi:16:4"].model
     assert (jacobi.train_recurrence, jacobi.d_forward, jacobi.d_backward, jacobi.eval_recurrence) == ("jacobi", 16, 4,
                                                                                                       "exact")
     assert configs["t2mlr:1-2:exact"].model.train_recurrence == "exact" == configs["t2mlr"].model.train_recurrence
     # the compute-matched arm is the matched Transformer itself, trained for T²MLR's steps × the measured ratio
-    assert sections["transformer:compute-matched"] == sections["transformer"]
-    assert configs["transformer:compute-matched"].train.max_steps == round(preset.compute_matched_ratio * 3000)
-    assert steps_of(preset, "transformer:compute-matched") > steps_of(preset, "transformer")
-    assert preset.compute_matched_basis  # results.md says how the count was derived
+    assert configs["transformer:compute-matched"].model == configs["transformer"].model
+    assert configs["transformer:compute-matched"].train.max_steps == round(task.compute_matched_ratio * 3000)
+    assert steps_of(task, 3000, "transformer:compute-matched") > steps_of(task, 3000, "transformer")
+    assert task.compute_matched_basis  # results.md says how the count was derived
 
 
 def test_results_md_says_how_the_compute_matched_steps_were_derived(tmp_path) -> None:
@@ -143,10 +142,12 @@ def test_results_md_says_how_the_compute_matched_steps_were_derived(tmp_path) ->
     assert _cli(["experiment", "s5-retrieval", "--preset", "tiny", "--out", str(out), "--models", "transformer",
                  "transformer:compute-matched", "--workers", "1"]) == 0
     text = (out / "results.md").read_text(encoding="utf-8")
-    tiny = get_preset("tiny")
-    assert f"Compute-matched Transformer: {tiny.compute_matched_steps():,} steps" in text
+    tiny, _ = _arms("tiny", ())
+    matched_steps = steps_of(tiny, 3, "transformer:compute-matched")
+    assert matched_steps == round(tiny.compute_matched_ratio * 3) == 6
+    assert f"Compute-matched Transformer: {matched_steps:,} steps" in text
     assert tiny.compute_matched_basis in text
     steps = {m["name"]: m["steps"] for m in json.loads((out / RESULTS_JSON).read_text())["models"]}
-    assert steps == {"transformer": 3, "transformer:compute-matched": tiny.compute_matched_steps()}
+    assert steps == {"transformer": 3, "transformer:compute-matched": matched_steps}
     saved = yaml.safe_load((out / "transformer_compute-matched" / "config.yaml").read_text())
-    assert saved["train"]["max_steps"] == tiny.compute_matched_steps()
+    assert saved["train"]["max_steps"] == matched_steps

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import signal
@@ -14,14 +13,22 @@ from pathlib import Path
 import pytest
 import torch
 
-from t2mlr.experiments.s5_presets import get_preset
-from t2mlr.experiments.s5_retrieval import RESULTS_JSON, run_experiment
+from t2mlr.experiments import s5
+from t2mlr.experiments.s5 import RESULTS_JSON
+from t2mlr.training.config import load_sections
 from t2mlr.training.checkpoint import LATEST, MODEL_FILE, load_weights
 from t2mlr.training.trainer import Trainer
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 MODELS = ("t2mlr", "transformer", "lstm")
 TRAIN_STEP = Trainer.train_step
+
+
+def run_experiment(out: Path, steps: int, checkpoint_every: int = 0, **options) -> list:
+    overrides = [f"train.max_steps={steps}", f"task.baseline_steps={steps}", f"checkpoint.every={checkpoint_every}",
+                 "train.device=cpu"]
+    tree, sections = load_sections(s5.config_name("tiny"), overrides, {"task": s5.S5Task})
+    return s5.run("tiny", sections["task"], tree, out, **options)
 
 
 class Interrupted(Exception):
@@ -62,23 +69,22 @@ def _interrupt_at(monkeypatch, model: str, step: int) -> None:
 def test_resume_continues_mid_training_to_the_same_numbers(tmp_path, monkeypatch) -> None:
     # checkpoints at 8, 16, 24; metrics every 10 steps (and the last): a stop at step 23 leaves step 20's
     # record past the step-16 checkpoint, which the resumed run must cut and write again
-    preset = dataclasses.replace(get_preset("tiny"), checkpoint_every=8).with_steps(t2mlr=25, transformer=25, lstm=25)
     reference = tmp_path / "straight"
-    run_experiment(preset, reference, device="cpu", workers=1)
+    run_experiment(reference, 25, 8, workers=1)
 
     out = tmp_path / "stopped"
     _interrupt_at(monkeypatch, "t2mlr", 23)  # T²MLR stops mid-run, the others never start
     with pytest.raises(Interrupted):
-        run_experiment(preset, out, device="cpu", workers=1)
+        run_experiment(out, 25, 8, workers=1)
     assert not (out / "transformer").exists()
     _interrupt_at(monkeypatch, "transformer", 12)  # resumed: T²MLR finishes, the Transformer stops
     with pytest.raises(Interrupted):
-        run_experiment(preset, out, device="cpu", workers=1, resume=True)
+        run_experiment(out, 25, 8, workers=1, resume=True)
     monkeypatch.undo()
     assert "resumed from" in (out / "t2mlr" / "train.log").read_text()
     assert "step_00000016" in (out / "t2mlr" / "train.log").read_text()  # its latest checkpoint before step 23
     assert _checkpoint_step(out / "transformer") == 8
-    run_experiment(preset, out, device="cpu", workers=1, resume=True)
+    run_experiment(out, 25, 8, workers=1, resume=True)
     assert "resumed from" in (out / "transformer" / "train.log").read_text()
     _assert_same_runs(out, reference, MODELS)
     for name in MODELS:
@@ -88,16 +94,15 @@ def test_resume_continues_mid_training_to_the_same_numbers(tmp_path, monkeypatch
 
 @pytest.mark.usefixtures("one_torch_thread")
 def test_checkpoints_change_no_number(tmp_path) -> None:
-    preset = get_preset("tiny").with_steps(t2mlr=5, transformer=5, lstm=5)
-    run_experiment(preset, tmp_path / "final_only", device="cpu", workers=1, models=("t2mlr",))
-    every_step = dataclasses.replace(preset, checkpoint_every=1)
-    run_experiment(every_step, tmp_path / "every_step", device="cpu", workers=1, models=("t2mlr",))
+    run_experiment(tmp_path / "final_only", 5, workers=1, models=("t2mlr",))
+    run_experiment(tmp_path / "every_step", 5, 1, workers=1, models=("t2mlr",))
     _assert_same_runs(tmp_path / "every_step", tmp_path / "final_only", ("t2mlr",))
 
 
 def test_the_cpu_preset_checkpoints_periodically() -> None:
-    preset = get_preset("cpu")
-    assert 0 < preset.checkpoint_every <= 500 and all(s > preset.checkpoint_every for s in preset.steps.values())
+    tree, sections = load_sections(s5.config_name("cpu"), [], {"task": s5.S5Task})
+    every = tree["checkpoint"]["every"]
+    assert 0 < every <= 500 and tree["train"]["max_steps"] > every and sections["task"].baseline_steps > every
 
 
 # ------------------------------------------------------------------------------------ a real kill -9

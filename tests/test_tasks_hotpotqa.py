@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from t2mlr.cli import main as cli_main
-from t2mlr.experiments.finetune_tasks import load_task_data, score_output
+from t2mlr.tasks.reasoning import load_task_data, score_output
 from t2mlr.tasks.hotpotqa import build_hotpotqa_cot, context_text
 from t2mlr.tasks.jsonl import read_jsonl, write_jsonl
 

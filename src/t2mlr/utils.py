@@ -7,7 +7,7 @@
 * `signature_fields`: the typed keyword parameters of a callable, so a config class's own
   signature is the schema that YAML and keyword arguments are checked against.
 * `load_tokenizer`: a Hugging Face tokenizer from a directory, a bare tokenizer.json or a hub id, with
-  errors that say what is missing.
+  errors that say what is missing; `prompt_ids`: a prompt's token ids as training and generation read it.
 """
 
 from __future__ import annotations
@@ -81,6 +81,27 @@ def load_tokenizer(source: str | Path) -> "PreTrainedTokenizerBase":
     except (OSError, ValueError) as err:
         where = "saved in" if path.is_dir() else "from the path or hub id"
         raise TokenizerNotFoundError(f"could not load a tokenizer {where} {str(source)!r}: {err}") from err
+
+
+def prompt_ids(tokenizer: Any, prompt: str, bos: bool = True) -> list[int]:
+    """BOS (with `bos`, when the tokenizer has one) and the prompt's tokens: what a finetuned model reads before
+    its reply, in training (`t2mlr.tasks.sft`) and in generation alike."""
+    ids = list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    return ([tokenizer.bos_token_id] if bos and tokenizer.bos_token_id is not None else []) + ids
+
+
+def parse_int_list(text: str, what: str = "values", minimum: int = 1) -> list[int]:
+    """"1,2" → [1, 2], each at least `minimum`; the error names the option (`what`)."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError as err:
+        raise ValueError(f"{what}: expected comma-separated integers, got {text!r}") from err
+    if not values:
+        raise ValueError(f"{what}: expected at least one integer, got {text!r}")
+    bad = [v for v in values if v < minimum]
+    if bad:
+        raise ValueError(f"{what}: every value must be >= {minimum}, got {bad}")
+    return values
 
 
 def available_cores() -> int:

@@ -1,5 +1,2 @@
-"""Figures for the experiments (`s5_plots`: accuracy vs number of actions on S5-Retrieval)."""
-
-from t2mlr.analysis.s5_plots import plot_accuracy_vs_length
-
-__all__ = ["plot_accuracy_vs_length"]
+"""The paper's analyses (`t2mlr analyze`), the report writer and figures every experiment shares, and the
+timing helpers of benchmarks/. Modules load their heavy dependencies themselves: import what you use."""

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from t2mlr.analysis.report import markdown_table
+
 
 def cpu_model() -> str:
     """The CPU's marketing name from /proc/cpuinfo (Linux), else what `platform` knows."""
@@ -118,12 +120,6 @@ def print_report(title: str, info: dict[str, str], script: str, argv: Sequence[s
     print(markdown_table(headers, rows))
 
 
-def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
 def open_gates(model: torch.nn.Module) -> torch.nn.Module:
     """Set a random T²MLR model's gates to γ_cur = -0.5, γ_rec = 0.5, off the fusion's identity point, so
     the benchmarks time a fusion whose R reaches the output (it costs the same either way)."""
@@ -131,14 +127,6 @@ def open_gates(model: torch.nn.Module) -> torch.nn.Module:
         model.fusion.gamma_cur.fill_(-0.5)
         model.fusion.gamma_rec.fill_(0.5)
     return model
-
-
-def parse_int_list(text: str) -> list[int]:
-    """"512,1024,2048" → [512, 1024, 2048]."""
-    values = [int(part) for part in text.split(",") if part.strip()]
-    if not values or any(v < 1 for v in values):
-        raise ValueError(f"expected a comma-separated list of positive ints, got {text!r}")
-    return values
 
 
 def parse_placements(text: str) -> list[tuple[int, int]]:

@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-import types
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from t2mlr.training.commands import accept_trailing_overrides
 
 __all__ = ["main", "register"]
 
@@ -102,12 +103,12 @@ def _jacobi_vs_exact(args: argparse.Namespace) -> dict[str, Any]:
     return run_jacobi_vs_exact(
         args.config, args.out, overrides=args.overrides, d_forward=args.d_forward, d_backward=args.d_backward,
         eval_d_forward=args.eval_d_forward, eval_batches=args.eval_batches, resume=args.resume,
-        with_transformer=not args.no_transformer,
+        with_transformer=not args.no_transformer, workers=args.workers,
     )
 
 
 def _jacobi_depths(args: argparse.Namespace) -> dict[str, Any]:
-    from t2mlr.analysis.common import parse_int_list
+    from t2mlr.utils import parse_int_list
     from t2mlr.analysis.jacobi_vs_exact import run_jacobi_depths
 
     return run_jacobi_depths(
@@ -118,7 +119,7 @@ def _jacobi_depths(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _probes(args: argparse.Namespace) -> dict[str, Any]:
-    from t2mlr.analysis.common import parse_int_list
+    from t2mlr.utils import parse_int_list
     from t2mlr.analysis.probes import ProbeSettings, run_probes
 
     settings = ProbeSettings(kind=args.probe, steps=args.probe_steps, batch_size=args.probe_batch, lr=args.probe_lr,
@@ -143,7 +144,7 @@ def _placement(args: argparse.Namespace) -> dict[str, Any]:
     return run_placement(
         args.config, args.out, parse_starts(args.starts), width=args.width, overrides=args.overrides,
         baseline=args.baseline, with_transformer=not args.no_transformer, eval_batches=args.eval_batches,
-        resume=args.resume,
+        resume=args.resume, workers=args.workers,
     )
 
 
@@ -175,20 +176,9 @@ def _training_options(parser: argparse.ArgumentParser) -> None:
                         help="continue the arms' runs in OUT from their newest checkpoints (finished arms are only "
                              "re-evaluated)")
     parser.add_argument("--no-transformer", action="store_true", help="do not train the plain Transformer arm")
-    _accept_trailing_overrides(parser)
-
-
-def _accept_trailing_overrides(parser: argparse.ArgumentParser) -> None:
-    """Let key=value overrides also follow the options (`CONFIG --out x model.l_start=3`): argparse stops
-    filling a positional list at the first option, so such later words are collected here."""
-
-    def parse_known_args(self: argparse.ArgumentParser, args: Any = None, namespace: Any = None) -> Any:
-        namespace, extras = argparse.ArgumentParser.parse_known_args(self, args, namespace)
-        later = [word for word in extras if "=" in word and not word.startswith("-")]
-        namespace.overrides = [*(getattr(namespace, "overrides", None) or []), *later]
-        return namespace, [word for word in extras if word not in later]
-
-    parser.parse_known_args = types.MethodType(parse_known_args, parser)  # type: ignore[method-assign]
+    parser.add_argument("--workers", type=int, default=1,
+                        help="arms trained at a time, each in its own process (default 1: in turn)")
+    accept_trailing_overrides(parser)
 
 
 def _add(sub: Any, name: str) -> argparse.ArgumentParser:

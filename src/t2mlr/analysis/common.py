@@ -1,6 +1,6 @@
 """What every analysis shares: loading a model directory the trainer wrote, reading evaluation data
-through the trainer's own data code, the validation loss on a chosen forward path, and writing a
-result as a markdown table plus JSON.
+through the trainer's own data code, and the validation loss on a chosen forward path (results are written
+by `t2mlr.analysis.report`).
 
 A model directory is anything `save_pretrained` or the trainer wrote: a run's `final/`, one of its
 `checkpoints/step_N`, a retrofitted pretrained model, or a saved baseline. Data files are read by
@@ -14,7 +14,6 @@ such as S5-Retrieval's, with its label alignment).
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import time
 from collections.abc import Iterator, Sequence
@@ -27,7 +26,6 @@ import yaml
 from torch import nn
 
 import t2mlr.baselines  # noqa: F401  (registers the baseline model types, so saved baselines load too)
-from t2mlr.analysis.benchmarking import markdown_table
 from t2mlr.generation.loading import load_model
 from t2mlr.model import is_t2mlr
 from t2mlr.training.config import DataConfig, config_from_tree
@@ -47,17 +45,13 @@ __all__ = [
     "load_analysis_model",
     "model_batches",
     "model_inputs",
-    "parse_int_list",
     "read_rows",
     "saved_seq_len",
-    "table",
     "validation_loss",
-    "write_result",
 ]
 
 TRAINER_CONFIG = "config.yaml"  # the trainer writes its config into every checkpoint and final/
 TRAINING_DATA = "train"  # --data train: the data the model directory's saved trainer config trained on
-TABLE_SUFFIX, JSON_SUFFIX = ".md", ".json"
 
 
 # ---------------------------------------------------------------------------------------------- models
@@ -239,47 +233,3 @@ def validation_loss(model: nn.Module, batches: Sequence[dict[str, torch.Tensor]]
     loss = total / targets
     return {"loss": loss, "ppl": math.exp(loss) if loss < 50 else float("inf"), "tokens": targets,
             "seconds": time.perf_counter() - started}
-
-
-# ---------------------------------------------------------------------------------------------- output
-
-
-def parse_int_list(text: str, what: str, minimum: int = 1) -> list[int]:
-    """"1,2" → [1, 2], each at least `minimum`; the error names the option."""
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError as err:
-        raise ValueError(f"{what}: expected comma-separated integers, got {text!r}") from err
-    if not values:
-        raise ValueError(f"{what}: expected at least one integer, got {text!r}")
-    bad = [v for v in values if v < minimum]
-    if bad:
-        raise ValueError(f"{what}: every value must be >= {minimum}, got {bad}")
-    return values
-
-
-def write_result(out_dir: str | Path, stem: str, markdown: Sequence[str], payload: dict[str, Any]) -> tuple[Path, Path]:
-    """OUT/stem.md (the lines given) and OUT/stem.json (the payload); returns both paths."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    md, js = out / f"{stem}{TABLE_SUFFIX}", out / f"{stem}{JSON_SUFFIX}"
-    md.write_text("\n".join(markdown).rstrip() + "\n", encoding="utf-8")
-    js.write_text(json.dumps(_json_safe(payload), indent=2) + "\n", encoding="utf-8")
-    return md, js
-
-
-def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
-    """A markdown table as lines."""
-    return markdown_table(headers, rows).splitlines()
-
-
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, Path):
-        return str(value)
-    return value

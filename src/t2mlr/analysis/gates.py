@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from t2mlr.analysis.common import table, write_result
+from t2mlr.analysis.report import table, write_result
 from t2mlr.training.metrics import read_metrics
 
 __all__ = ["GateTrajectory", "NoGatesError", "gate_trajectory", "run_gates"]
@@ -92,7 +92,7 @@ def _markdown(trajectories: Sequence[GateTrajectory], skipped: Sequence[str], fi
 def run_gates(run_dirs: Sequence[str | Path], out: str | Path, labels: Sequence[str] | None = None) -> dict[str, Any]:
     """Read every run's gates, write gates.md/.json/.png to OUT. Raises NoGatesError when no run has gates;
     runs without them are listed in the outputs with the reason."""
-    from t2mlr.analysis.plots import plot_gates
+    from t2mlr.analysis.figures import plot_gates
 
     if not run_dirs:
         raise ValueError("name at least one run directory")

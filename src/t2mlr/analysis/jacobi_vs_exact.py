@@ -7,7 +7,7 @@ From one T²MLR training config three arms are trained with the project trainer:
 * `exact`: `model.train_recurrence=exact model.bptt_window=4`: the exact token-by-token path whose
   gradient reaches back through R as many tokens as the Jacobi arm's d_backward (docs/semantics.md
   §5.1); the paper holds exactly this budget fixed;
-* `transformer`: the parameter-matched plain Transformer (see `t2mlr.analysis.arms`).
+* `transformer`: the parameter-matched plain Transformer (`t2mlr.training.arms.matched_arm`).
 
 Each T²MLR arm is then evaluated on the config's validation data on both paths: exact, and Jacobi at
 the evaluation depth (default: the Jacobi arm's d_forward), with the early stop off. The table has the
@@ -32,25 +32,25 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from t2mlr.analysis.arms import (
-    TrainedArm,
-    arm_from_tree,
-    config_tree,
-    load_trained,
-    train_arms,
-    transformer_arm,
-    validation_batches,
-)
 from t2mlr.analysis.common import (
     causal_lm_loss,
     describe_model,
     fixed_depth,
-    table,
+    load_analysis_model,
     validation_loss,
-    write_result,
 )
+from t2mlr.analysis.report import table, write_result
 from t2mlr.model import is_t2mlr
+from t2mlr.training.arms import (
+    TrainedArm,
+    arm_from_tree,
+    config_tree,
+    matched_arm,
+    train_arms,
+    validation_batches,
+)
 from t2mlr.training.metrics import read_metrics
+from t2mlr.utils import resolve_device
 from t2mlr.utils import IGNORE_INDEX
 
 __all__ = ["PAPER_TOLERANCE", "DepthRow", "depth_rows", "run_jacobi_depths", "run_jacobi_vs_exact", "training_arms"]
@@ -86,7 +86,7 @@ def training_arms(tree: dict[str, Any], d_forward: int, d_backward: int, with_tr
                        "model.activation_checkpointing=false"]),
     ]
     if with_transformer:
-        arms.append(transformer_arm(tree))
+        arms.append(matched_arm(tree, "transformer", "transformer"))
     return arms
 
 
@@ -107,7 +107,7 @@ def evaluate_arms(trained: Sequence[TrainedArm], depths: Depths, max_batches: in
     for key, arm, call in tqdm(plan, desc="evaluate", unit="cell", dynamic_ncols=True):
         if arm.arm.name not in loaded:
             loaded.clear()
-            loaded[arm.arm.name] = load_trained(arm)
+            loaded[arm.arm.name] = load_analysis_model(arm.model_dir, device=str(resolve_device(arm.arm.config.train.device)))
         model = loaded[arm.arm.name]
         cells[key] = {**validation_loss(model, batches, **call), "path": call.get("recurrence", "plain"),
                       "parameters": describe_model(model).parameters}
@@ -170,18 +170,18 @@ def _markdown(config: str, depths: Depths, trained: Sequence[TrainedArm], cells:
 def run_jacobi_vs_exact(
     config: str | Path, out: str | Path, overrides: Sequence[str] = (), d_forward: int = 16, d_backward: int = 4,
     eval_d_forward: int | None = None, eval_batches: int | None = None, resume: bool = False,
-    with_transformer: bool = True,
+    with_transformer: bool = True, workers: int = 1,
 ) -> dict[str, Any]:
     """Train the arms (in turn), evaluate each on both paths, write jacobi_vs_exact.md/.json/.png to OUT."""
-    from t2mlr.analysis.plots import plot_jacobi_vs_exact
+    from t2mlr.analysis.figures import plot_jacobi_vs_exact
 
     depths = Depths(d_forward, d_backward, d_forward if eval_d_forward is None else eval_d_forward)
     if depths.eval_d_forward < 1:
         raise ValueError(f"--eval-d-forward must be >= 1, got {depths.eval_d_forward}")
-    tree = config_tree(config, overrides)
+    tree = config_tree(config, overrides, t2mlr=True)
     arms = training_arms(tree, d_forward, d_backward, with_transformer)
     out = Path(out)
-    trained = train_arms(arms, out, resume=resume)
+    trained = list(train_arms(arms, out, resume=resume, workers=workers)[0].values())
     cells = evaluate_arms(trained, depths, eval_batches)
     checks = claims(cells)
     figure = plot_jacobi_vs_exact({title: cells[key]["loss"] for key, title in CELLS if key in cells},
@@ -304,7 +304,7 @@ def run_jacobi_depths(
         model_batches,
         read_rows,
     )
-    from t2mlr.analysis.plots import plot_jacobi_depths
+    from t2mlr.analysis.figures import plot_jacobi_depths
 
     model_dir = Path(model_dir)
     model = load_analysis_model(model_dir, device)

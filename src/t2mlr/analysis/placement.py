@@ -23,21 +23,13 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from t2mlr.analysis.arms import (
-    arm_from_tree,
-    config_tree,
-    load_trained,
-    train_arms,
-    transformer_arm,
-    validation_batches,
-)
 from t2mlr.analysis.common import (
     describe_model,
     load_analysis_model,
-    table,
     validation_loss,
-    write_result,
 )
+from t2mlr.analysis.report import table, write_result
+from t2mlr.training.arms import arm_from_tree, config_tree, matched_arm, train_arms, validation_batches
 from t2mlr.training.config import config_from_tree
 from t2mlr.training.model_factory import base_config
 from t2mlr.utils import resolve_device
@@ -124,26 +116,26 @@ def _markdown(config: str, num_layers: int, width: int | None, rows: list[dict[s
 def run_placement(
     config: str | Path, out: str | Path, starts: Sequence[int | str], width: int | None = None,
     overrides: Sequence[str] = (), baseline: str | Path | None = None, with_transformer: bool = True,
-    eval_batches: int | None = None, resume: bool = False,
+    eval_batches: int | None = None, resume: bool = False, workers: int = 1,
 ) -> dict[str, Any]:
     """Train one arm per placement (and the Transformer unless a `baseline` model directory is given or
     `with_transformer` is False), evaluate them, write placement.md/.json/.png to OUT."""
-    from t2mlr.analysis.plots import plot_placement
+    from t2mlr.analysis.figures import plot_placement
 
-    tree = config_tree(config, overrides)
+    tree = config_tree(config, overrides, t2mlr=True)
     cfg = config_from_tree(tree)
     num_layers = int(base_config(cfg.model).num_hidden_layers)
     spots = placements(num_layers, starts, width)
     arms = [arm_from_tree(tree, f"t2mlr_{s}_{e}", f"T²MLR({s},{e})", [f"model.l_start={s}", f"model.l_end={e}"])
             for s, e in spots]
     if baseline is None and with_transformer:
-        arms.append(transformer_arm(tree))
+        arms.append(matched_arm(tree, "transformer", "transformer"))
     out = Path(out)
-    trained = train_arms(arms, out, resume=resume)
+    trained = train_arms(arms, out, resume=resume, workers=workers)[0].values()
     batches = validation_batches(cfg, eval_batches)
     rows, base_row = [], None
     for arm in tqdm(trained, desc="evaluate", unit="model", dynamic_ncols=True):
-        model = load_trained(arm)
+        model = load_analysis_model(arm.model_dir, device=str(resolve_device(cfg.train.device)))
         if arm.arm.name == "transformer":
             base_row = {**validation_loss(model, batches), "label": arm.arm.label, "model_dir": str(arm.model_dir),
                         "train_seconds": arm.seconds}

@@ -51,9 +51,8 @@ from t2mlr.analysis.common import (
     model_batches,
     model_inputs,
     read_rows,
-    table,
-    write_result,
 )
+from t2mlr.analysis.report import table, write_result
 from t2mlr.model import is_t2mlr
 
 __all__ = [
@@ -298,7 +297,7 @@ def run_probes(
 ) -> dict[str, Any]:
     """Probe the `layers` blocks nearest the head (every block by default) of the model (and of the
     baseline) at every offset; write probes.md/.json/.png."""
-    from t2mlr.analysis.plots import plot_probes
+    from t2mlr.analysis.figures import plot_probes
 
     offsets = check_offsets(offsets)
     if recurrence not in ("exact", "jacobi"):

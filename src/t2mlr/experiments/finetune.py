@@ -1,78 +1,68 @@
 """The reasoning finetunes (paper §4.3, Figure "finetuning-multihop"): every arm on one task, pass@1.
 
-`run_finetune(plan, out)` does what `t2mlr experiment finetune TASK` promises:
+These configs: `configs/experiments/finetune_{paper,cpu,tiny}_<task>.yaml`, each a trainer config of the
+T²MLR arm plus the task section `FinetuneTask` (which task, its generator settings, the arms, the sizes and
+where the arms start). From scratch, the non-T²MLR arms are parameter-matched to T²MLR
+(`t2mlr.training.arms.matched_arm`); `--from` starts each arm from its own checkpoint (checked against the
+arm before any training); `--retrofit MODEL` starts every arm from one pretrained model (its Transformer arm
+is that model, so it is not parameter-matched: T²MLR adds its fusion parameters).
 
-1. data: training and held-out evaluation records (`t2mlr.experiments.finetune_tasks`) written to
-   OUT/data (train.jsonl, eval.jsonl, the tokenizer, meta.json);
-2. one training run per arm with the project trainer, all with the same data, order, steps, optimiser and
-   seed; rows are SFT rows with the prompt masked from the loss (`t2mlr.experiments.finetune_data`); on a
-   CPU the arms train side by side in worker processes (`t2mlr.experiments.concurrent_runs`);
-3. evaluation: greedy generation through `generate()` in batches with left padding (T²MLR: exact prefill
-   unless the plan says Jacobi), scored by the task's extractor;
-4. OUT/results.md, OUT/results.json, OUT/pass_at_1.png and OUT/predictions.jsonl (one line per arm and
-   problem: prompt, gold, generated text, extracted answer, correct, and what the scorer needs), which
-   `rescore_predictions` turns back into the reported pass@1.
+This data: the task's training and held-out records (`t2mlr.tasks.reasoning`: generated for variable
+assignment and ProsQA-Hard, a local file or directory for GSM8K-Aug and HotpotQA), written to OUT/data, as
+SFT rows with the prompt masked from the loss (`t2mlr.tasks.sft`).
 
-Starting points: from scratch (a small Llama whose non-T²MLR arms are parameter-matched to T²MLR,
-`t2mlr.baselines.matched_arms`), each arm's own checkpoint (`--from`, checked against the arm before any
-training), or one pretrained model retrofitted into every arm (`--retrofit`; its Transformer arm is the
-model itself, so it is not parameter-matched: T²MLR adds its fusion parameters).
+This score: greedy generation of every held-out prompt in left-padded batches (`t2mlr.generation.text`;
+T²MLR's prompt on the exact path unless the task says Jacobi), scored by the task's extractor: pass@1 with
+its 95% Wilson interval. OUT/results.md, OUT/results.json, OUT/pass_at_1.png and OUT/predictions.jsonl (one
+line per arm and problem), from which `rescore_predictions` recomputes every pass@1. `write_summary`
+gathers several runs (tasks, seeds) into one table and one figure.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import shutil
 import time
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
-from tqdm.auto import tqdm
-from transformers import (
-    AutoConfig,
-    LlamaConfig,
-    PretrainedConfig,
-    PreTrainedTokenizerBase,
-)
+if TYPE_CHECKING:
+    from t2mlr.baselines.matching import ModelSpec
+    from t2mlr.training.arms import Arm, TrainedArm
 
-from t2mlr.analysis.finetune_plots import plot_pass_at_1
-from t2mlr.baselines.matching import (
-    ModelSpec,
-    count_parameters,
-    matched_arms,
-    parse_model_specs,
-)
-from t2mlr.experiments.concurrent_runs import RunJob, resolve_workers, train_runs
-from t2mlr.experiments.finetune_data import build_task_tokenizer, encode_sft
-from t2mlr.experiments.finetune_presets import FinetunePreset
-from t2mlr.experiments.finetune_tasks import (
-    get_task,
-    load_task_data,
-    score_output,
-    task_label,
-)
-from t2mlr.generation.text import GenerationSettings, generate_kwargs
-from t2mlr.model import is_t2mlr
-from t2mlr.model.pretrained import load_pretrained_tokenizer
-from t2mlr.model.shapes import base_config_for_shape
-from t2mlr.tasks.jsonl import read_jsonl, write_jsonl
-from t2mlr.tasks.sft import prompt_ids
-from t2mlr.training.config import TrainConfig, config_from_tree
-from t2mlr.training.model_factory import build_model
-from t2mlr.training.runs import (
-    accumulated_train_seconds,
-    arm_model_section,
-    claim_run_dirs,
-    load_trained,
-)
-from t2mlr.utils import load_tokenizer, resolve_device
-
-__all__ = ["ArmResult", "FinetunePlan", "StartingPoint", "rescore_predictions", "run_finetune", "wilson_interval"]
+__all__ = ["ArmResult", "FinetunePlan", "FinetuneTask", "StartingPoint", "rescore_predictions", "run",
+           "wilson_interval", "write_summary"]
 
 RESULTS_MD, RESULTS_JSON, FIGURE, PREDICTIONS = "results.md", "results.json", "pass_at_1.png", "predictions.jsonl"
+TASK_NAMES = ("variable-assignment", "prosqa-hard", "gsm-aug", "hotpotqa")
 _WRAPPER_TYPES = {"t2mlr": "t2mlr", "looped": "t2mlr_looped", "pause": "t2mlr_pause"}
+
+
+@dataclass(frozen=True)
+class FinetuneTask:
+    """The task section of a finetune config (`task:`)."""
+
+    name: Literal["variable-assignment", "prosqa-hard", "gsm-aug", "hotpotqa"]
+    arms: tuple[str, ...]  # `t2mlr params` spellings: t2mlr:13-18, transformer, looped:9-22:3, pause:2
+    train_size: int  # training records (0: every record of the data)
+    eval_size: int  # held-out problems
+    settings: dict[str, Any] = field(default_factory=dict)  # the generator's keyword arguments
+    max_new_tokens: int = 8
+    max_length: int = 1024  # training rows longer than this are left out (counted in the results)
+    prefill: Literal["exact", "jacobi"] = "exact"  # T²MLR's prompt in evaluation
+    start: Literal["scratch", "from", "retrofit"] = "scratch"  # where the arms start unless the command line says
+    notes: str = ""
+
+    def __post_init__(self) -> None:
+        if self.eval_size < 1 or self.max_new_tokens < 1 or self.max_length < 2 or not self.arms:
+            raise ValueError("task: eval_size and max_new_tokens must be >= 1, max_length >= 2, arms not empty")
+
+
+def config_name(preset: str, task: str) -> str:
+    return f"experiments/finetune_{preset}_{task.replace('-', '_')}"
 
 
 @dataclass(frozen=True)
@@ -91,14 +81,24 @@ class StartingPoint:
 
 @dataclass(frozen=True)
 class FinetunePlan:
-    """A preset plus the command line's choices: arms, data, start and evaluation prefill."""
+    """A finetune config plus the command line's choices: arms, data, start and evaluation prefill."""
 
-    preset: FinetunePreset
+    preset: str
+    task: FinetuneTask
+    tree: dict[str, Any]
     specs: tuple[ModelSpec, ...]
     start: StartingPoint = StartingPoint()
     data: str | None = None
     variant: str | None = None
     prefill_depth: int | None = None
+
+    @property
+    def seed(self) -> int:
+        return int(self.tree["train"]["seed"])
+
+    @property
+    def steps(self) -> int:
+        return int(self.tree["train"]["max_steps"])
 
 
 @dataclass
@@ -120,9 +120,6 @@ class ArmResult:
     extra: dict[str, float] = field(default_factory=dict)
 
 
-# ---------------------------------------------------------------------------------------------- statistics
-
-
 def wilson_interval(correct: int, total: int, z: float = 1.959964) -> tuple[float, float]:
     """The 95% Wilson score interval of a binomial proportion (sensible at 0% and 100%, unlike the normal one)."""
     if total <= 0:
@@ -133,11 +130,13 @@ def wilson_interval(correct: int, total: int, z: float = 1.959964) -> tuple[floa
     return (max(0.0, centre - half), min(1.0, centre + half))
 
 
-# ---------------------------------------------------------------------------------------------- arms
+# ---------------------------------------------------------------------------------------------- the plan
 
 
 def parse_arms(text: str) -> tuple[ModelSpec, ...]:
     """Arms as `t2mlr params` and the benchmarks name them; duplicates are refused."""
+    from t2mlr.baselines.matching import parse_model_specs
+
     specs = tuple(parse_model_specs(text))
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
@@ -145,36 +144,66 @@ def parse_arms(text: str) -> tuple[ModelSpec, ...]:
     return specs
 
 
-def _scratch_base(preset: FinetunePreset, tokenizer: PreTrainedTokenizerBase) -> PretrainedConfig:
-    ids = {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id,
-           "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id}
-    if preset.shape is not None:
-        return base_config_for_shape(preset.shape, **ids)
-    return LlamaConfig(
-        hidden_size=preset.hidden_size, intermediate_size=preset.intermediate_size,
-        num_hidden_layers=preset.num_layers, num_attention_heads=preset.num_heads,
-        num_key_value_heads=preset.num_heads, head_dim=preset.head_dim,
-        max_position_embeddings=max(512, preset.max_length + preset.max_new_tokens), tie_word_embeddings=True, **ids,
-    )
+def checkpoint_dirs(values: Sequence[str], specs: Sequence[ModelSpec]) -> dict[str, str]:
+    """Arm name -> checkpoint directory from --from values: one directory holding a subdirectory per arm (named
+    like the arm with ':' replaced by '_'; a trainer run directory's `final/` is used when present), or one
+    ARM=DIR pair per arm."""
+    names = {s.name for s in specs}
+    if len(values) == 1 and "=" not in values[0]:
+        root, found = Path(values[0]), {}
+        for spec in specs:
+            candidate = root / spec.dir_name
+            if (candidate / "final" / "config.json").is_file():
+                candidate = candidate / "final"
+            if not candidate.is_dir():
+                raise ValueError(f"--from {root}: no directory {spec.dir_name}/ for arm {spec.name}")
+            found[spec.name] = str(candidate)
+        return found
+    pairs = {}
+    for value in values:
+        arm, sep, directory = value.partition("=")
+        if not sep or not directory:
+            raise ValueError(f"--from takes one directory or ARM=DIR pairs, got {value!r}")
+        if arm not in names:
+            raise ValueError(f"--from {value!r}: {arm!r} is not one of the arms {sorted(names)}")
+        pairs[arm] = directory
+    missing = sorted(names - set(pairs))
+    if missing:
+        raise ValueError(f"--from gives no checkpoint for arm(s) {missing}")
+    return pairs
 
 
-def _t2mlr_settings(preset: FinetunePreset) -> dict[str, Any]:
-    return {"d_forward": preset.d_forward, "d_backward": preset.d_backward, "train_recurrence": preset.train_recurrence,
-            "eval_recurrence": "exact", "recurrence_mask_policy": "mask" if preset.prompt_recurrence_mask else "all"}
+def make_plan(preset: str, task: FinetuneTask, tree: dict[str, Any], arms: str | None = None,
+              from_: Sequence[str] | None = None, retrofit: str | None = None, data: str | None = None,
+              variant: str | None = None, prefill_depth: int | None = None) -> FinetunePlan:
+    """The experiment's plan from a config and the command line's choices; every check that needs no training."""
+    specs = parse_arms(arms or ",".join(task.arms))
+    if from_ and retrofit:
+        raise ValueError("give either --from (each arm's own checkpoint) or --retrofit (one pretrained model)")
+    if from_:
+        start = StartingPoint("from", checkpoints=checkpoint_dirs(from_, specs))
+    elif retrofit:
+        start = StartingPoint("retrofit", model=retrofit)
+    elif task.start != "scratch":
+        raise ValueError(f"the {preset} preset finetunes pretrained models: pass --from (each arm's own checkpoint) "
+                         "or --retrofit MODEL")
+    else:
+        start = StartingPoint()
+    if task.name != "gsm-aug" and variant is not None:
+        raise ValueError("--variant applies to gsm-aug only")
+    if prefill_depth is not None and task.prefill != "jacobi":
+        raise ValueError("--prefill-depth applies to --prefill jacobi only")
+    return FinetunePlan(preset, task, tree, specs, start, data, (variant or "symbolic") if task.name == "gsm-aug" else None,
+                        prefill_depth)
 
 
-def _spec_settings(spec: ModelSpec, preset: FinetunePreset) -> dict[str, Any]:
-    """The arm's own settings for a retrofit (the spec's numbers)."""
-    if spec.kind == "t2mlr":
-        return {"l_start": spec.start, "l_end": spec.end, **_t2mlr_settings(preset)}
-    if spec.kind == "looped":
-        return {"loop_blocks": spec.loop_blocks, "loops": spec.loops}
-    if spec.kind == "pause":
-        return {"pauses": spec.period - 1}
-    return {}
+def _t2mlr_settings(tree: dict[str, Any]) -> dict[str, Any]:
+    model = tree["model"]
+    return {key: model[key] for key in ("d_forward", "d_backward", "train_recurrence", "eval_recurrence",
+                                        "recurrence_mask_policy")}
 
 
-def check_checkpoint_matches(spec: ModelSpec, config: PretrainedConfig, where: str) -> None:
+def check_checkpoint_matches(spec: ModelSpec, config: Any, where: str) -> None:
     """Refuse a checkpoint built for another arm (its model type and, for T²MLR, its placement)."""
     model_type = getattr(config, "model_type", None)
     expected = _WRAPPER_TYPES.get(spec.kind)
@@ -191,59 +220,85 @@ def check_checkpoint_matches(spec: ModelSpec, config: PretrainedConfig, where: s
         raise ValueError(f"{where}: arm {spec.name} needs {spec.period - 1} pauses, the checkpoint has {config.pauses}")
 
 
-def _section_from_checkpoint(spec: ModelSpec, directory: str, preset: FinetunePreset) -> dict[str, Any]:
+def _model_from_checkpoint(spec: ModelSpec, directory: str, settings: dict[str, Any]) -> dict[str, Any]:
+    from transformers import AutoConfig
+
+    from t2mlr.training.arms import model_section
+
     path = Path(directory)
     if not (path / "config.json").is_file():
         raise ValueError(f"--from for arm {spec.name}: {path} holds no config.json (a saved model or trainer checkpoint)")
     config = AutoConfig.from_pretrained(str(path))
     check_checkpoint_matches(spec, config, f"--from {path}")
-    section = arm_model_section(spec, config, _t2mlr_settings(preset))
+    section = model_section(spec, config, settings)
     if spec.kind == "t2mlr":  # the checkpoint's own recurrence settings, the preset's training choices
         section.update({k: getattr(config, k) for k in ("d_forward", "d_backward") if hasattr(config, k)})
     return {**section, "init_from": str(path)}
 
 
-def model_sections(plan: FinetunePlan, tokenizer: PreTrainedTokenizerBase) -> tuple[dict[str, dict[str, Any]], int | None]:
-    """Each arm's trainer `model:` section, and T²MLR's parameter count when the arms are matched to it."""
-    preset, start = plan.preset, plan.start
-    if start.kind == "from":
-        return {s.name: _section_from_checkpoint(s, start.checkpoints[s.name], preset) for s in plan.specs}, None
-    if start.kind == "retrofit":
-        return {s.name: {"arch": s.kind, "pretrained": start.model, **_spec_settings(s, preset)} for s in plan.specs}, None
-    target, arms = matched_arms(_scratch_base(preset, tokenizer), list(plan.specs), **_t2mlr_settings(preset))
-    return {arm.spec.name: arm_model_section(arm.spec, arm.config, _t2mlr_settings(preset)) for arm in arms}, target
+def _retrofit_model(spec: ModelSpec, model: str, settings: dict[str, Any]) -> dict[str, Any]:
+    own = {"t2mlr": lambda: {"l_start": spec.start, "l_end": spec.end, **settings},
+           "looped": lambda: {"loop_blocks": spec.loop_blocks, "loops": spec.loops},
+           "pause": lambda: {"pauses": spec.period - 1}}.get(spec.kind, dict)()
+    return {"arch": spec.kind, "pretrained": model, **own}
 
 
-def train_config(preset: FinetunePreset, model: dict[str, Any], data_dir: Path, device: str) -> TrainConfig:
-    """One arm's trainer config; every arm gets the same data, order, optimiser, schedule, steps and seed."""
-    tree = {
-        "model": model,
-        "data": {
-            "source": "factory", "factory": "t2mlr.experiments.finetune_data:sft_dataset",
-            "kwargs": {"path": str(data_dir / "train.jsonl"), "tokenizer": str(data_dir / "tokenizer"),
-                       "prompt_recurrence_mask": preset.prompt_recurrence_mask},
-            "tokenizer": str(data_dir / "tokenizer"), "seq_len": preset.max_length, "seed": preset.seed,
-        },
-        "optim": {"lr": preset.lr, "betas": list(preset.betas), "weight_decay": preset.weight_decay, "grad_clip": 1.0},
-        "schedule": {"kind": "cosine", "warmup_steps": preset.warmup_steps, "min_lr_ratio": preset.min_lr_ratio},
-        "train": {"max_steps": preset.steps, "global_batch_size": preset.batch_size,
-                  "micro_batch_size": preset.micro_batch_size or preset.batch_size, "seed": preset.seed,
-                  "device": device},
-        "checkpoint": {"every": 0, "keep_last": 1, "save_final": True},
-        "logging": {"every": 10, "progress_bar": True},
-    }
-    return config_from_tree(tree)
+def build_arms(plan: FinetunePlan, tree: dict[str, Any]) -> tuple[list[Arm], int | None]:
+    """Every arm of the plan and, from scratch, T²MLR's parameter count the other arms are matched to."""
+    from t2mlr.baselines.matching import t2mlr_parameter_count
+    from t2mlr.model import T2MLRConfig
+    from t2mlr.model.configuration import build_base_config
+    from t2mlr.training.arms import Arm, arm_from_tree, matched_arm
+    from t2mlr.training.config import config_from_tree
+
+    settings, start = _t2mlr_settings(tree), plan.start
+    arms = []
+    for spec in plan.specs:
+        label = ("Transformer (the pretrained model)" if start.kind == "retrofit" and spec.kind == "transformer"
+                 else spec.label)
+        if start.kind == "scratch" and spec.kind == "t2mlr":
+            overrides = [f"model.l_start={spec.start}", f"model.l_end={spec.end}",
+                         *(f"model.{key}={value}" for key, value in spec.path_settings().items())]
+            arms.append(arm_from_tree(tree, spec.name, label, overrides, directory=spec.dir_name))
+        elif start.kind == "scratch":
+            arms.append(matched_arm(tree, spec.name, spec, label, directory=spec.dir_name))
+        else:
+            model = (_model_from_checkpoint(spec, start.checkpoints[spec.name], settings) if start.kind == "from"
+                     else _retrofit_model(spec, str(start.model), settings))
+            arms.append(Arm(spec.name, label, config_from_tree({**tree, "model": model}), directory=spec.dir_name))
+    if start.kind != "scratch":
+        return arms, None
+    base = build_base_config(tree["model"]["base"])
+    return arms, t2mlr_parameter_count(T2MLRConfig.from_base(base, l_start=1, l_end=1))
 
 
-# ---------------------------------------------------------------------------------------------- data
+def _check_before_training(arms: Sequence[Arm]) -> None:
+    """Build every arm that starts from a checkpoint (loading its weights), so a bad one fails before training."""
+    from t2mlr.training.model_factory import build_model
+
+    for arm in arms:
+        if arm.config.model.init_from is None:
+            continue
+        try:
+            build_model(arm.config.model)
+        except (ValueError, FileNotFoundError, RuntimeError) as err:
+            raise ValueError(f"arm {arm.name}: its starting checkpoint does not fit the arm: {err}") from err
 
 
-def _task_tokenizer(plan: FinetunePlan, train: list[dict[str, Any]]) -> PreTrainedTokenizerBase:
+# ---------------------------------------------------------------------------------------------- this data
+
+
+def _task_tokenizer(plan: FinetunePlan, train: list[dict[str, Any]]) -> Any:
+    from t2mlr.model.pretrained import load_pretrained_tokenizer
+    from t2mlr.tasks.reasoning import get_task
+    from t2mlr.tasks.tokenizers import build_task_tokenizer
+    from t2mlr.utils import load_tokenizer
+
     start = plan.start
     if start.kind == "scratch":
-        spec = get_task(plan.preset.task)
+        spec = get_task(plan.task.name)
         # ProsQA with a fixed name pool: every concept is a training word, so whole words cover the evaluation
-        syllables = spec.syllables and not plan.preset.task_settings.get("name_pool")
+        syllables = spec.syllables and not plan.task.settings.get("name_pool")
         return build_task_tokenizer((r["prompt"] + r["target"] for r in train), spec.phrases, syllables)
     if start.kind == "retrofit":  # any pretrained source: hub id, directory, GGUF file or a shortcut name
         tokenizer = load_pretrained_tokenizer(str(start.model))
@@ -254,64 +309,62 @@ def _task_tokenizer(plan: FinetunePlan, train: list[dict[str, Any]]) -> PreTrain
     return tokenizer
 
 
-def _fits(tokenizer: PreTrainedTokenizerBase, record: dict[str, Any], limit: int) -> bool:
-    return encode_sft(tokenizer, record["prompt"], record["target"])["input_ids"].numel() <= limit
-
-
-def prepare_data(plan: FinetunePlan, data_dir: Path) -> tuple[PreTrainedTokenizerBase, list[dict], dict[str, Any]]:
+def prepare_data(plan: FinetunePlan, data_dir: Path) -> tuple[Any, list[dict[str, Any]], dict[str, Any]]:
     """Data and tokenizer under `data_dir`; returns the tokenizer, the evaluation records and data facts."""
-    preset = plan.preset
-    train, evaluation, dropped = load_task_data(preset.task, preset.task_settings, preset.train_size,
-                                                preset.eval_size, preset.seed, plan.data, plan.variant)
+    from tqdm.auto import tqdm
+
+    from t2mlr.tasks.jsonl import write_jsonl
+    from t2mlr.tasks.reasoning import load_task_data
+    from t2mlr.tasks.sft import sft_row
+
+    task = plan.task
+    train, evaluation, dropped = load_task_data(task.name, task.settings, task.train_size, task.eval_size, plan.seed,
+                                                plan.data, plan.variant)
     tokenizer = _task_tokenizer(plan, train)
     kept = [r for r in tqdm(train, desc="check lengths", unit="row", dynamic_ncols=True, leave=False)
-            if _fits(tokenizer, r, preset.max_length)]
+            if sft_row(tokenizer, r["prompt"], r["target"])["input_ids"].numel() <= task.max_length]
     if not kept:
-        raise ValueError(f"every training row is longer than max_length {preset.max_length} tokens")
+        raise ValueError(f"every training row is longer than max_length {task.max_length} tokens")
     data_dir.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(str(data_dir / "tokenizer"))
     write_jsonl(kept, data_dir / "train.jsonl")
     write_jsonl(evaluation, data_dir / "eval.jsonl")
     facts = {"train_records": len(kept), "train_too_long": len(train) - len(kept), "eval_records": len(evaluation),
              "eval_dropped_seen_in_training": dropped, "vocab_size": len(tokenizer)}
-    meta = {"task": preset.task, "task_settings": preset.task_settings, "seed": preset.seed, "data": plan.data,
+    meta = {"task": task.name, "task_settings": task.settings, "seed": plan.seed, "data": plan.data,
             "variant": plan.variant, **facts}
     (data_dir / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     return tokenizer, evaluation, facts
 
 
-# ---------------------------------------------------------------------------------------------- evaluation
+def filled_tree(plan: FinetunePlan, tokenizer: Any, data_dir: Path) -> dict[str, Any]:
+    """The config with its data (this run's train.jsonl and tokenizer, rows up to task.max_length, seeded by
+    train.seed) and, from scratch, the backbone's vocabulary, special ids and positions."""
+    from t2mlr.model.configuration import build_base_config
+    from t2mlr.training.arms import base_section
+    from t2mlr.training.config import deep_merge
+
+    task, tree = plan.task, plan.tree
+    tokenizer_dir = str(data_dir / "tokenizer")
+    filled = deep_merge(tree, {"data": {
+        "kwargs": {"path": str(data_dir / "train.jsonl"), "tokenizer": tokenizer_dir,
+                   "prompt_recurrence_mask": tree["model"].get("recurrence_mask_policy") == "mask"},
+        "tokenizer": tokenizer_dir, "seq_len": task.max_length, "seed": plan.seed}})
+    if plan.start.kind == "scratch":
+        base = {"max_position_embeddings": max(512, task.max_length + task.max_new_tokens), **tree["model"]["base"],
+                "vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id,
+                "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id}
+        filled["model"]["base"] = base_section(build_base_config(base))
+    return filled
 
 
-def _left_padded(tokenizer: PreTrainedTokenizerBase, prompts: list[str], device: torch.device) -> dict[str, torch.Tensor]:
-    rows = [prompt_ids(tokenizer, p) for p in prompts]
-    width = max(len(r) for r in rows)
-    pad = tokenizer.pad_token_id
-    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=device)
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
-    return {"input_ids": ids, "attention_mask": mask}
+# ---------------------------------------------------------------------------------------------- this score
 
 
-def generate_batched(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, prompts: list[str],
-                     settings: GenerationSettings, batch_size: int, device: torch.device, desc: str = "eval") -> list[str]:
-    """Greedy continuations of `prompts`, `batch_size` at a time, left-padded (special tokens dropped)."""
-    kwargs = generate_kwargs(model, settings)
-    texts: list[str] = []
-    model.eval()
-    for lo in tqdm(range(0, len(prompts), batch_size), desc=desc, unit="batch", dynamic_ncols=True, leave=False):
-        inputs = _left_padded(tokenizer, prompts[lo : lo + batch_size], device)
-        if is_t2mlr(model) and model.config.recurrence_mask_policy == "mask":
-            inputs["recurrence_mask"] = torch.zeros_like(inputs["input_ids"], dtype=torch.bool)  # prompts do not fuse R
-        with torch.no_grad():
-            out = model.generate(**inputs, **kwargs, pad_token_id=tokenizer.pad_token_id,
-                                 eos_token_id=tokenizer.eos_token_id)
-        width = inputs["input_ids"].shape[1]
-        texts.extend(tokenizer.decode(row[width:], skip_special_tokens=True) for row in out)
-    return texts
-
-
-def prediction_rows(task: str, arm: str, records: list[dict[str, Any]], texts: list[str]) -> list[dict[str, Any]]:
+def prediction_rows(task: str, arm: str, records: Sequence[dict[str, Any]], texts: Sequence[str]) -> list[dict[str, Any]]:
     """The predictions file's lines for one arm (with the fields the task's scorer reads)."""
+    from t2mlr.tasks.reasoning import get_task, score_output
+
     fields = get_task(task).checker_fields
     rows = []
     for i, (record, text) in enumerate(zip(records, texts)):
@@ -324,6 +377,9 @@ def prediction_rows(task: str, arm: str, records: list[dict[str, Any]], texts: l
 
 def rescore_predictions(task: str, path: str | Path) -> dict[str, float]:
     """pass@1 per arm recomputed from a predictions file's generated texts (not its `correct` column)."""
+    from t2mlr.tasks.jsonl import read_jsonl
+    from t2mlr.tasks.reasoning import score_output
+
     totals: dict[str, list[int]] = {}
     for row in read_jsonl(path):
         record = {**row.get("sample", {}), "answer": row["gold"]}
@@ -333,171 +389,222 @@ def rescore_predictions(task: str, path: str | Path) -> dict[str, float]:
     return {arm: c / n for arm, (c, n) in totals.items()}
 
 
-def _tokens_seen(run_dir: Path) -> int:
-    path = run_dir / "metrics.jsonl"
-    seen = 0
-    if path.is_file():
-        for row in read_jsonl(path):
-            seen = max(seen, int(row.get("tokens_seen", 0)))
-    return seen
+def evaluate(plan: FinetunePlan, trained: TrainedArm, tokenizer: Any, records: Sequence[dict[str, Any]]
+             ) -> tuple[ArmResult, list[dict[str, Any]], str]:
+    """One arm's greedy replies, scored: its result, its prediction rows and the device it ran on."""
+    from t2mlr.baselines.matching import count_parameters
+    from t2mlr.generation.text import GenerationSettings, generate_batched
+    from t2mlr.model import is_t2mlr
+    from t2mlr.training.arms import load_trained
+    from t2mlr.training.metrics import read_metrics
+
+    model, device = load_trained(trained)
+    arm, task = trained.arm, plan.task
+    jacobi = task.prefill == "jacobi" and is_t2mlr(model)
+    settings = GenerationSettings(max_new_tokens=task.max_new_tokens, prefill="jacobi" if jacobi else "exact",
+                                  prefill_depth=plan.prefill_depth if jacobi else None)
+    started = time.perf_counter()
+    texts = generate_batched(model, tokenizer, [r["prompt"] for r in records], settings,
+                             arm.config.eval.batch_size, desc=f"eval {arm.name}")
+    eval_seconds = time.perf_counter() - started
+    rows = prediction_rows(task.name, arm.name, records, texts)
+    correct = sum(r["correct"] for r in rows)
+    extra_keys = [k for k in rows[0] if k in ("f1", "answer_correct")]
+    tokens = max((int(r.get("tokens_seen", 0)) for r in read_metrics(trained.run_dir)), default=0)
+    result = ArmResult(
+        arm=arm.name, label=arm.label, parameters=count_parameters(model), start=plan.start.of(arm.name),
+        steps=arm.config.train.max_steps, tokens=tokens, train_seconds=trained.seconds, eval_seconds=eval_seconds,
+        correct=correct, total=len(rows), pass_at_1=correct / len(rows), interval=wilson_interval(correct, len(rows)),
+        extra={k: sum(r[k] for r in rows) / len(rows) for k in extra_keys})
+    return result, rows, str(device)
 
 
-# ---------------------------------------------------------------------------------------------- reporting
+# ---------------------------------------------------------------------------------------------- report
 
 
-def _pct(value: float) -> str:
-    return f"{100 * value:.1f}%"
+def task_label(task: str, variant: str | None) -> str:
+    from t2mlr.tasks.reasoning import get_task
+
+    label = get_task(task).label
+    return f"{label} ({'natural language' if variant == 'nl' else 'symbolic'})" if task == "gsm-aug" else label
 
 
-def _minutes(seconds: float) -> str:
-    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
+def echo(plan: FinetunePlan) -> dict[str, Any]:
+    """What results.json records of the settings: the preset, seed and steps, and the task section (every
+    arm's whole trainer config is its run directory's config.yaml)."""
+    task = {k: v for k, v in asdict(plan.task).items() if k not in ("name", "settings")}
+    return {"name": plan.preset, "task": plan.task.name, "task_settings": plan.task.settings, **task,
+            "seed": plan.seed, "steps": plan.steps}
 
 
-def results_table(results: list[ArmResult]) -> list[str]:
+def results_table(results: Sequence[ArmResult]) -> list[str]:
+    from t2mlr.analysis.report import minutes, percent
+
     extras = sorted({k for r in results for k in r.extra})
     head = "| arm | parameters | start | steps | tokens | training time | pass@1 | 95% interval |"
     rule = "|---|---:|---|---:|---:|---:|---:|---|"
-    head += "".join(f" {k} |" for k in extras)
-    rule += "---:|" * len(extras)
-    lines = [head, rule]
+    lines = [head + "".join(f" {k} |" for k in extras), rule + "---:|" * len(extras)]
     for r in results:
         lo, hi = r.interval
-        row = (f"| {r.label} | {r.parameters:,} | {r.start} | {r.steps:,} | {r.tokens:,} | {_minutes(r.train_seconds)} | "
-               f"{_pct(r.pass_at_1)} ({r.correct}/{r.total}) | {_pct(lo)}–{_pct(hi)} |")
-        lines.append(row + "".join(f" {_pct(r.extra.get(k, float('nan')))} |" for k in extras))
+        row = (f"| {r.label} | {r.parameters:,} | {r.start} | {r.steps:,} | {r.tokens:,} | {minutes(r.train_seconds)} | "
+               f"{percent(r.pass_at_1)} ({r.correct}/{r.total}) | {percent(lo)}–{percent(hi)} |")
+        lines.append(row + "".join(f" {percent(r.extra.get(k, float('nan')))} |" for k in extras))
     return lines
 
 
 def _settings_line(plan: FinetunePlan, workers: int) -> str:
-    p = plan.preset
-    mask = ("on (T²MLR fuses R into target tokens only)" if p.prompt_recurrence_mask else "off (every token fuses R)")
-    prefill = p.prefill + (f" (depth {plan.prefill_depth or p.d_forward})" if p.prefill == "jacobi" else "")
-    path = f"jacobi path ({p.d_forward}, {p.d_backward})" if p.train_recurrence == "jacobi" else "exact path"
-    return (f"AdamW (lr {p.lr:g}, betas {tuple(p.betas)}, weight decay {p.weight_decay:g}), {p.warmup_steps} warmup "
-            f"steps then cosine to {p.min_lr_ratio:g}× lr, batch {p.batch_size}, {p.steps:,} steps, seed {p.seed}; "
-            f"T²MLR trained on the {path}; prompt recurrence mask {mask}; evaluation: greedy, "
-            f"{p.max_new_tokens} new tokens at most, batches of {p.eval_batch_size} left-padded prompts, T²MLR "
-            f"prefill {prefill}; {'arms trained ' + str(workers) + ' at a time' if workers > 1 else 'arms trained in turn'}.")
+    t, model = plan.tree, plan.tree["model"]
+    mask = ("on (T²MLR fuses R into target tokens only)" if model.get("recurrence_mask_policy") == "mask"
+            else "off (every token fuses R)")
+    prefill = plan.task.prefill + (f" (depth {plan.prefill_depth or model['d_forward']})"
+                                   if plan.task.prefill == "jacobi" else "")
+    path = (f"jacobi path ({model['d_forward']}, {model['d_backward']})" if model["train_recurrence"] == "jacobi"
+            else "exact path")
+    return (f"AdamW (lr {t['optim']['lr']:g}, betas {tuple(t['optim']['betas'])}, weight decay "
+            f"{t['optim']['weight_decay']:g}), {t['schedule']['warmup_steps']} warmup steps then cosine to "
+            f"{t['schedule']['min_lr_ratio']:g}× lr, batch {t['train']['global_batch_size']}, {plan.steps:,} steps, "
+            f"seed {plan.seed}; T²MLR trained on the {path}; prompt recurrence mask {mask}; evaluation: greedy, "
+            f"{plan.task.max_new_tokens} new tokens at most, batches of {t['eval']['batch_size']} left-padded prompts, "
+            f"T²MLR prefill {prefill}; "
+            + (f"arms trained {workers} at a time." if workers > 1 else "arms trained in turn."))
 
 
-def write_results(out: Path, plan: FinetunePlan, results: list[ArmResult], facts: dict[str, Any],
-                  wall: float, device: str, workers: int, target: int | None) -> None:
-    preset = plan.preset
-    label = task_label(preset.task, plan.variant)
+def write_results(out: Path, plan: FinetunePlan, results: Sequence[ArmResult], facts: dict[str, Any], wall: float,
+                  device: str, workers: int, target: int | None) -> None:
+    from t2mlr.analysis.figures import plot_pass_at_1
+    from t2mlr.analysis.report import minutes, write_result
+
+    task = plan.task
+    label = task_label(task.name, plan.variant)
     matched = (f"non-T²MLR arms parameter-matched to T²MLR's {target:,} parameters" if target is not None
                else "arms as their checkpoints are (not re-matched)")
     lines = [
         f"# Reasoning finetune: {label}",
         "",
-        f"Preset `{preset.name}`, device {device}, whole experiment: {_minutes(wall)}.",
+        f"Preset `{plan.preset}`, device {device}, whole experiment: {minutes(wall)}.",
         "",
         f"- Data: {facts['train_records']:,} training records ({facts['train_too_long']} longer than "
-        f"{preset.max_length} tokens left out), {facts['eval_records']} held-out evaluation problems "
+        f"{task.max_length} tokens left out), {facts['eval_records']} held-out evaluation problems "
         f"({facts['eval_dropped_seen_in_training']} dropped as seen in training); task settings "
-        f"{json.dumps(preset.task_settings)}" + (f"; data {plan.data}" if plan.data else "") + ".",
+        f"{json.dumps(task.settings)}" + (f"; data {plan.data}" if plan.data else "") + ".",
         f"- Models: {matched}; SFT with the prompt masked from the loss.",
         f"- Training and evaluation: {_settings_line(plan, workers)}",
         "- pass@1: one greedy sample per problem scored by the task's extractor; the interval is the 95% Wilson "
         "score interval over the problems.",
-        *([f"- Preset notes: {preset.notes}"] if preset.notes else []),
+        *([f"- Preset notes: {task.notes}"] if task.notes else []),
         "",
         *results_table(results),
         "",
         f"![pass@1]({FIGURE})",
         "",
         f"Predictions (prompt, gold, generated text, extracted answer, correct): `{PREDICTIONS}`.",
-        "",
     ]
-    (out / RESULTS_MD).write_text("\n".join(lines), encoding="utf-8")
-    payload = {"task": preset.task, "variant": plan.variant, "label": label, "preset": asdict(preset),
+    payload = {"task": task.name, "variant": plan.variant, "label": label, "preset": echo(plan),
                "arms": [s.name for s in plan.specs], "start": asdict(plan.start), "data": plan.data,
                "prefill_depth": plan.prefill_depth, "data_facts": facts, "wall_seconds": wall, "device": device,
-               "training_workers": workers, "matched_parameters": target,
-               "results": [asdict(r) for r in results]}
-    (out / RESULTS_JSON).write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+               "training_workers": workers, "matched_parameters": target, "results": [asdict(r) for r in results]}
+    write_result(out, "results", lines, payload)
     bars = {label: {r.label: [(r.pass_at_1, *r.interval)] for r in results}}
-    plot_pass_at_1(bars, out / FIGURE, title=f"{label} ({preset.name} preset, seed {preset.seed})")
+    plot_pass_at_1(bars, out / FIGURE, title=f"{label} ({plan.preset} preset, seed {plan.seed})")
 
 
-# ---------------------------------------------------------------------------------------------- driver
+def run(plan: FinetunePlan, out: str | Path, resume: bool = False, overwrite: bool = False,
+        workers: int | None = None) -> list[ArmResult]:
+    """Data → one training per arm (side by side in `workers` processes on a CPU) → batched greedy evaluation
+    → results (see the module docstring)."""
+    from tqdm.auto import tqdm
 
+    from t2mlr.analysis.report import minutes
+    from t2mlr.tasks.jsonl import write_jsonl
+    from t2mlr.training.arms import claim_run_dirs, resolve_workers, train_arms
 
-def arm_label(spec: ModelSpec, start: StartingPoint) -> str:
-    """The arm's name in tables and figures; a retrofit's Transformer arm is the pretrained model itself, which
-    T²MLR's fusion parameters outnumber, so it is not called matched."""
-    if start.kind == "retrofit" and spec.kind == "transformer":
-        return "Transformer (the pretrained model)"
-    return spec.label
-
-
-def _check_before_training(configs: dict[str, TrainConfig]) -> None:
-    """Build every arm (loading its starting weights) so a bad checkpoint fails before any training."""
-    for name, cfg in configs.items():
-        if cfg.model.init_from is None:
-            continue
-        try:
-            build_model(cfg.model)
-        except (ValueError, FileNotFoundError, RuntimeError) as err:
-            raise ValueError(f"arm {name}: its starting checkpoint does not fit the arm: {err}") from err
-
-
-def evaluate_arm(plan: FinetunePlan, cfg: TrainConfig, checkpoint: Path, tokenizer: PreTrainedTokenizerBase,
-                 records: list[dict[str, Any]], arm: str) -> tuple[torch.nn.Module, list[str], float]:
-    model, device = load_trained(cfg, checkpoint)
-    preset = plan.preset
-    settings = GenerationSettings(max_new_tokens=preset.max_new_tokens, prefill=preset.prefill if is_t2mlr(model) else "exact",
-                                  prefill_depth=plan.prefill_depth if preset.prefill == "jacobi" and is_t2mlr(model) else None)
-    started = time.perf_counter()
-    texts = generate_batched(model, tokenizer, [r["prompt"] for r in records], settings, preset.eval_batch_size,
-                             device, desc=f"eval {arm}")
-    return model, texts, time.perf_counter() - started
-
-
-def run_finetune(plan: FinetunePlan, out: str | Path, device: str = "auto", resume: bool = False,
-                 overwrite: bool = False, workers: int | None = None) -> list[ArmResult]:
-    """Data → one training per arm → batched greedy evaluation → results (see the module docstring)."""
-    started = time.perf_counter()
-    out = Path(out)
-    preset = plan.preset
-    names = [s.dir_name for s in plan.specs]
-    claim_run_dirs(out, names, resume=resume, overwrite=overwrite)
-    tqdm.write(f"[finetune] {preset.task}, preset {preset.name}: data → {out / 'data'}")
+    started, out = time.perf_counter(), Path(out)
+    claim_run_dirs(out, [s.dir_name for s in plan.specs], resume=resume, overwrite=overwrite)
+    tqdm.write(f"[finetune] {plan.task.name}, preset {plan.preset}: data → {out / 'data'}")
     tokenizer, records, facts = prepare_data(plan, out / "data")
-    sections, target = model_sections(plan, tokenizer)
-    configs = {s.name: train_config(preset, sections[s.name], out / "data", device) for s in plan.specs}
-    _check_before_training(configs)
-    workers = resolve_workers(workers, len(plan.specs), resolve_device(device))
-    tqdm.write(f"[finetune] training {', '.join(s.label for s in plan.specs)} ({preset.steps:,} steps each) → {out}"
+    arms, target = build_arms(plan, filled_tree(plan, tokenizer, out / "data"))
+    _check_before_training(arms)
+    workers = resolve_workers(workers, len(arms), plan.tree["train"].get("device", "auto"))
+    tqdm.write(f"[finetune] training {', '.join(a.label for a in arms)} ({plan.steps:,} steps each) → {out}"
                + (f", {workers} at a time" if workers > 1 else ""))
-    jobs = [RunJob(s.name, configs[s.name], out / s.dir_name) for s in plan.specs]
-    trained = train_runs(jobs, resume, workers)
-    results, rows, device_name = [], [], device
-    for spec, dirname in zip(plan.specs, names):
-        cfg = configs[spec.name]
-        model, texts, eval_seconds = evaluate_arm(plan, cfg, trained[spec.name].checkpoint, tokenizer, records, spec.name)
-        device_name = str(next(model.parameters()).device)
-        arm_rows = prediction_rows(preset.task, spec.name, records, texts)
+    trained, _ = train_arms(arms, out, resume, workers)
+    results, rows, device = [], [], "cpu"
+    for arm in arms:
+        result, arm_rows, device = evaluate(plan, trained[arm.name], tokenizer, records)
+        results.append(result)
         rows.extend(arm_rows)
-        correct = sum(r["correct"] for r in arm_rows)
-        extra_keys = [k for k in arm_rows[0] if k in ("f1", "answer_correct")]
-        results.append(ArmResult(
-            arm=spec.name, label=arm_label(spec, plan.start), parameters=count_parameters(model),
-            start=plan.start.of(spec.name),
-            steps=preset.steps, tokens=_tokens_seen(out / dirname),
-            train_seconds=accumulated_train_seconds(out / dirname, trained[spec.name].seconds), eval_seconds=eval_seconds,
-            correct=correct, total=len(arm_rows), pass_at_1=correct / len(arm_rows),
-            interval=wilson_interval(correct, len(arm_rows)),
-            extra={k: sum(r[k] for r in arm_rows) / len(arm_rows) for k in extra_keys},
-        ))
-        del model
     write_jsonl(rows, out / PREDICTIONS)
     wall = time.perf_counter() - started
-    write_results(out, plan, results, facts, wall, device_name, workers, target)
+    write_results(out, plan, results, facts, wall, device, workers, target)
     tqdm.write(f"[finetune] wrote {out / RESULTS_MD}, {out / RESULTS_JSON}, {out / FIGURE}, {out / PREDICTIONS} "
-               f"({_minutes(wall)})")
+               f"({minutes(wall)})")
     return results
 
 
-def with_overrides(preset: FinetunePreset, **changes: Any) -> FinetunePreset:
-    """The preset with the command line's overrides (None: keep the preset's value)."""
-    return replace(preset, **{k: v for k, v in changes.items() if v is not None})
+# ---------------------------------------------------------------------------------------------- several runs
+
+
+def _task_table(runs: Sequence[dict[str, Any]]) -> list[str]:
+    from t2mlr.analysis.report import percent
+
+    seeds = [r["preset"]["seed"] for r in runs]
+    arms = list(dict.fromkeys(a["label"] for r in runs for a in r["results"]))
+    lines = ["| arm | " + " | ".join(f"seed {s} pass@1 (95% interval)" for s in seeds) + " | mean | seed spread |",
+             "|---|" + "---:|" * (len(seeds) + 2)]
+    for arm in arms:
+        cells, values = [], []
+        for run in runs:
+            found = next((a for a in run["results"] if a["label"] == arm), None)
+            if found is None:
+                cells.append("–")
+                continue
+            values.append(found["pass_at_1"])
+            lo, hi = found["interval"]
+            cells.append(f"{percent(found['pass_at_1'])} ({percent(lo)}–{percent(hi)})")
+        spread = f"{percent(min(values))}–{percent(max(values))}" if len(values) > 1 else "–"
+        lines.append(f"| {arm} | " + " | ".join(cells) + f" | {percent(sum(values) / len(values))} | {spread} |")
+    return lines
+
+
+def write_summary(runs: Sequence[Path], out: Path) -> dict[str, list[dict[str, Any]]]:
+    """Several finetune runs (tasks × seeds) in one report: a table per task with every seed and the spread, and
+    the paper's figure layout (one bar group per task, one bar per arm, seeds as dots). Each run's results.md,
+    results.json and predictions.jsonl are copied to OUT/<task>_seed<k>/ so the report is self-contained."""
+    from t2mlr.analysis.figures import plot_pass_at_1
+    from t2mlr.analysis.report import write_result
+
+    loaded = []
+    for run in map(Path, runs):
+        if not (run / RESULTS_JSON).is_file():
+            raise FileNotFoundError(f"{run} has no {RESULTS_JSON}: not a finished `t2mlr experiment finetune` run")
+        loaded.append((run, json.loads((run / RESULTS_JSON).read_text(encoding="utf-8"))))
+    by_key: dict[tuple[str, str | None], list[dict[str, Any]]] = {}
+    for _, payload in loaded:  # grouped by task (and GSM variant); the first run's label names the group
+        by_key.setdefault((payload["task"], payload.get("variant")), []).append(payload)
+    by_task = {group[0]["label"]: group for group in by_key.values()}
+    out.mkdir(parents=True, exist_ok=True)
+    for run, payload in loaded:
+        target = out / f"{payload['task']}_seed{payload['preset']['seed']}"
+        if target.resolve() == run.resolve():  # the run's report already sits where the summary keeps it
+            continue
+        target.mkdir(exist_ok=True)
+        for name in (RESULTS_MD, RESULTS_JSON, PREDICTIONS, FIGURE):
+            shutil.copyfile(run / name, target / name)
+    lines = ["# Reasoning finetunes: summary", ""]
+    for label, task_runs in by_task.items():
+        first = task_runs[0]
+        lines += [f"## {label}", "",
+                  f"Preset `{first['preset']['name']}`, {first['data_facts']['eval_records']} held-out problems per "
+                  f"seed, {first['preset']['steps']:,} training steps per arm; per-seed reports in "
+                  + ", ".join(f"`{first['task']}_seed{r['preset']['seed']}/`" for r in task_runs) + ".", "",
+                  *_task_table(task_runs), ""]
+    lines.append(f"![pass@1]({FIGURE})")
+    write_result(out, "results", lines, {label: [{"seed": r["preset"]["seed"], "results": r["results"]}
+                                                 for r in task_runs] for label, task_runs in by_task.items()})
+    bars: dict[str, dict[str, list[tuple[float, float, float]]]] = {label: {} for label in by_task}
+    for label, task_runs in by_task.items():
+        for run in task_runs:
+            for arm in run["results"]:
+                bars[label].setdefault(arm["label"], []).append((arm["pass_at_1"], *arm["interval"]))
+    plot_pass_at_1(bars, out / FIGURE, title="Reasoning finetunes: pass@1, 95% intervals, dots = seeds")
+    return by_task

@@ -6,7 +6,7 @@
 
 Presets: SmolLM2-135M with T²MLR(13, 18) (the paper's main placement; built from its published shape,
 no download) and the S5-Retrieval models (`s5-tiny`, `s5-cpu`, `s5-paper`, from
-`t2mlr.experiments.s5_presets`); each shows T²MLR, the matched Transformer and the matched LSTM.
+configs/experiments/s5_*.yaml); each shows T²MLR, the matched Transformer and the matched LSTM.
 
 Arms on a named base shape (`--base`, from `t2mlr.model.shapes`): any number of T²MLR placements
 (`--t2mlr S,E`), looped models (`--looped full:K` loops every block K times, `--looped S-E:K` blocks
@@ -32,11 +32,9 @@ __all__ = ["PARAM_PRESETS", "main", "register"]
 
 def _s5_config(name: str) -> Callable[[], "T2MLRConfig"]:
     def build() -> "T2MLRConfig":
-        from t2mlr.experiments.s5_presets import get_preset, t2mlr_config
-        from t2mlr.tasks.tokenizers import build_s5_tokenizer
+        from t2mlr.experiments.s5 import t2mlr_config
 
-        preset = get_preset(name)
-        return t2mlr_config(preset, len(build_s5_tokenizer(preset.k, preset.alphabet)))
+        return t2mlr_config(name)
 
     return build
 

@@ -1,45 +1,38 @@
-"""`t2mlr experiment retrofit`: the paper's retrofit experiment, end to end.
+"""The paper's retrofit experiment: T²MLR retrofitted into a pretrained model, finetuned beside the unchanged
+model, both scored on held-out problems.
 
-    t2mlr experiment retrofit --preset cpu --out runs/retrofit      # SmolLM2-135M-Instruct, ~15 min/seed, 1 core
-    t2mlr experiment retrofit --preset paper --out runs/retrofit \\
-        --train-path OpenMathReasoning.parquet --eval-path gsm8k_test.jsonl   # GPU, the paper's setting
-    t2mlr experiment retrofit --preset tiny --out /tmp/retrofit     # pipeline check only
+These configs: `configs/experiments/retrofit_{paper,cpu,tiny}.yaml`, the T²MLR arm's trainer config (its
+model.pretrained the source) plus the task section `RetrofitTask` (the data sources and sizes, the reply
+length). The
+Transformer arm is the same tree with `model.arch: transformer`: the pretrained model itself, finetuned
+with the same rows in the same order, steps, optimiser and seed.
 
-Steps: (1) load the pretrained model once (GGUF dequantised) and save it with its tokenizer under
-OUT/base, so both arms start from the very same weights; (2) write the finetuning and held-out
-evaluation records under OUT/data; (3) evaluate the pretrained model before finetuning; (4) finetune
-the unchanged model (`transformer`) and its T²MLR(l_start, l_end) retrofit (`t2mlr`) with the project
-trainer, the same rows in the same order, steps, optimiser and seed, prompts masked from the loss; (5)
-evaluate both by batched greedy generation (exact path for T²MLR). Writes OUT/results.md, OUT/results.json,
-OUT/predictions/<model>.jsonl, OUT/retrofit.png (accuracy and training loss per arm) and one training
-run directory per arm (OUT/runs/<arm>, final/ loads with `t2mlr generate`).
+This data: finetuning and held-out records `{prompt, target, answer}` (`t2mlr.tasks.loaders`: generated
+GSM-Aug-format problems, or local OpenMathReasoning, GSM8K and MATH-500 files), prompts masked from the loss
+(`t2mlr.tasks.sft`, no BOS: the pretrained model's own chat-free prompt format).
 
-Scoring (`t2mlr.tasks.scoring`): GSM-format answers (the generated problems, GSM8K) by both of
-lm-evaluation-harness's GSM8K metrics, strict-match (the answer after "####" or "The answer is"; the headline
-number) and flexible-extract (the reply's last number, which also credits a reply cut off before its answer
-when the last number it copied happens to be the answer); MATH-500 by the boxed answer after MATH's
-normalisation (`--eval math500 --eval-path FILE`).
-
-    t2mlr experiment retrofit-summary runs/retrofit/seed0 runs/retrofit/seed1 --out runs/retrofit
-
-re-scores the saved replies of several runs (seeds) with every metric and writes one table per metric
-(summary.md, summary.json).
+This score: batched greedy replies (`t2mlr.generation.text`, T²MLR on its exact path) of the pretrained
+model before finetuning and of both finetuned arms, scored by lm-evaluation-harness's GSM8K metrics
+(strict-match, the headline, and flexible-extract) or, for MATH-500, by the boxed answer after MATH's
+normalisation (`t2mlr.tasks.scoring`). OUT/results.md, OUT/results.json, OUT/predictions/<model>.jsonl,
+OUT/retrofit.png and one training run per arm (OUT/runs/<arm>, final/ loads with `t2mlr generate`).
+`write_summary` re-scores several runs' saved replies with every metric (retrofit-summary).
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import json
 import shutil
-import sys
 import time
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-__all__ = ["ARMS", "EVAL_METRICS", "add_experiment", "evaluate_greedy", "rescore_run", "run_experiment",
-           "score_reply", "seeds_summary"]
+from t2mlr.tasks.arithmetic import ArithmeticSettings
+
+__all__ = ["ARMS", "EVAL_METRICS", "RetrofitTask", "rescore_run", "run", "score_reply", "seeds_summary",
+           "write_summary"]
 
 ARMS = ("transformer", "t2mlr")
 MODELS = ("base", *ARMS)
@@ -53,20 +46,79 @@ METRIC_LABELS = {"strict_match": "strict-match (####, The answer is)", "flexible
                  "math_equiv": "boxed answer, MATH normalisation"}
 ARM_LABELS = {"base": "pretrained, not finetuned", "transformer": "finetuned base (baseline)",
               "t2mlr": "finetuned T²MLR retrofit"}
-DATA_FACTORY = "t2mlr.experiments.retrofit_data:prompt_target_dataset"
 
 
-# ------------------------------------------------------------------------------------------ preparation
-def prepare_base(preset: Any, out: Path) -> tuple[Path, float]:
-    """The pretrained model and tokenizer saved once as a Hugging Face directory (reused when present);
-    returns it and the seconds the load took (0 when reused)."""
+@dataclass(frozen=True)
+class RetrofitTask:
+    """The task section of a retrofit config (`task:`)."""
+
+    train_data: Literal["arithmetic", "openmathreasoning"]
+    eval_data: Literal["arithmetic", "gsm8k", "math500"]
+    train_problems: int  # rows generated (arithmetic) or read (at most, from train_path)
+    eval_problems: int | None  # generated, or read from eval_path (None: every row of the file)
+    max_length: int  # longest training row (prompt + reply) in tokens
+    max_new_tokens: int
+    train_path: str | None = None  # local file for openmathreasoning
+    eval_path: str | None = None  # local file for gsm8k and math500
+    arithmetic: ArithmeticSettings = field(default_factory=ArithmeticSettings)
+
+    def __post_init__(self) -> None:
+        for name in ("train_problems", "max_length", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"task.{name} must be >= 1, got {getattr(self, name)}")
+        if self.eval_problems is None and self.eval_data == "arithmetic":
+            raise ValueError("generated evaluation problems need a count: task.eval_problems must be >= 1, got None")
+        if self.eval_problems is not None and self.eval_problems < 1:
+            raise ValueError(f"task.eval_problems must be >= 1 (or null: every row of --eval-path), got {self.eval_problems}")
+        if self.train_data == "openmathreasoning" and not self.train_path:
+            raise ValueError("train_data 'openmathreasoning' needs --train-path: a local jsonl/parquet file with the "
+                             "dataset's columns problem, generated_solution, expected_answer (nvidia/OpenMathReasoning)")
+        if self.eval_data == "gsm8k" and not self.eval_path:
+            raise ValueError("eval_data 'gsm8k' needs --eval-path: a local jsonl/parquet file with GSM8K's columns "
+                             "question, answer (openai/gsm8k, split test)")
+        if self.eval_data == "math500" and not self.eval_path:
+            raise ValueError("eval_data 'math500' needs --eval-path: a local jsonl/parquet file with MATH-500's "
+                             "columns problem, answer (HuggingFaceH4/MATH-500, split test)")
+
+
+def config_name(preset: str) -> str:
+    return f"experiments/retrofit_{preset}"
+
+
+# ------------------------------------------------------------------------------------------ this data
+
+
+def build_records(task: RetrofitTask, seed: int) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    """The finetuning and evaluation records of the task's data sources."""
+    from t2mlr.tasks import loaders
+    from t2mlr.tasks.arithmetic import arithmetic_retrofit_records
+
+    if task.train_data == "arithmetic":
+        train = arithmetic_retrofit_records(task.train_problems, "train", seed, task.arithmetic)
+    else:
+        train = loaders.openmathreasoning_records(task.train_path, task.train_problems)
+    if task.eval_data == "arithmetic":
+        evaluation = arithmetic_retrofit_records(task.eval_problems, "eval", seed, task.arithmetic)
+    elif task.eval_data == "math500":
+        evaluation = loaders.math500_records(task.eval_path, task.eval_problems)
+    else:
+        evaluation = loaders.gsm8k_records(task.eval_path, task.eval_problems)
+    if not evaluation:
+        raise ValueError(f"no evaluation problems: {task.eval_path or task.eval_data} has no rows")
+    return train, evaluation
+
+
+def prepare_base(tree: dict[str, Any], out: Path) -> tuple[Path, float]:
+    """The pretrained model (model.pretrained, model.gguf_file) and its tokenizer saved once as a Hugging Face
+    directory (reused when present), so both arms start from the very same weights; returns it and the seconds
+    the load took (0 when reused)."""
     from t2mlr.model.pretrained import load_pretrained_base
 
     base_dir = out / "base"
     if (base_dir / "config.json").is_file():
         return base_dir, 0.0
     start = time.perf_counter()
-    model, tokenizer = load_pretrained_base(preset.source, gguf_file=preset.gguf_file)
+    model, tokenizer = load_pretrained_base(tree["model"]["pretrained"], gguf_file=tree["model"].get("gguf_file"))
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     staging = out / "base.tmp"
@@ -77,57 +129,25 @@ def prepare_base(preset: Any, out: Path) -> tuple[Path, float]:
     return base_dir, time.perf_counter() - start
 
 
-def build_records(preset: Any) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
-    """The finetuning and evaluation records of the preset's data sources."""
-    from t2mlr.experiments import retrofit_data as data
+def build_arms(task: RetrofitTask, tree: dict[str, Any], base_dir: Path, train_file: Path, pad_token_id: int) -> list:
+    """The Transformer arm (the pretrained model itself) and the T²MLR retrofit, differing only in `model`."""
+    from t2mlr.training.arms import arm_from_tree, matched_arm
+    from t2mlr.training.config import deep_merge
 
-    if preset.train_data == "arithmetic":
-        train = data.arithmetic_records(preset.train_problems, "train", preset.seed, preset.arithmetic)
-    else:
-        train = data.openmathreasoning_records(preset.train_path, preset.train_problems)
-    if preset.eval_data == "arithmetic":
-        evaluation = data.arithmetic_records(preset.eval_problems, "eval", preset.seed, preset.arithmetic)
-    elif preset.eval_data == "math500":
-        evaluation = data.math500_records(preset.eval_path, preset.eval_problems)
-    else:
-        evaluation = data.gsm8k_records(preset.eval_path, preset.eval_problems)
-    if not evaluation:
-        raise ValueError(f"no evaluation problems: {preset.eval_path or preset.eval_data} has no rows")
-    return train, evaluation
+    mask = tree["model"].get("recurrence_mask_policy") == "mask"
+    filled = deep_merge(tree, {
+        "model": {"pretrained": str(base_dir), "gguf_file": None},
+        "data": {"seq_len": task.max_length, "pad_token_id": pad_token_id, "seed": int(tree["train"]["seed"]),
+                 "kwargs": {"path": str(train_file), "tokenizer": str(base_dir), "max_length": task.max_length,
+                            "prompt_recurrence_mask": mask, "bos": False}}})
+    return [matched_arm(filled, "transformer", "transformer", ARM_LABELS["transformer"],
+                        ["logging.progress_label=finetune transformer"]),
+            arm_from_tree(filled, "t2mlr", ARM_LABELS["t2mlr"], ["logging.progress_label=finetune t2mlr"])]
 
 
-def arm_config(preset: Any, arm: str, base_dir: Path, train_file: Path, pad_token_id: int, device: str) -> Any:
-    """The trainer config of one arm; the arms differ only in `model`."""
-    from t2mlr.training.config import config_from_tree
-
-    model: dict[str, Any] = {"arch": arm, "pretrained": str(base_dir)}
-    if arm == "t2mlr":
-        model.update(
-            l_start=preset.l_start, l_end=preset.l_end, d_forward=preset.d_forward, d_backward=preset.d_backward,
-            train_recurrence="jacobi", eval_recurrence="exact",
-            recurrence_mask_policy="mask" if preset.mask_prompt_recurrence else "all",
-        )
-    tree = {
-        "model": model,
-        "data": {
-            "source": "factory", "factory": DATA_FACTORY, "seq_len": preset.max_length, "pad_token_id": pad_token_id,
-            "seed": preset.seed,
-            "kwargs": {"path": str(train_file), "tokenizer": str(base_dir), "max_length": preset.max_length,
-                       "mask_prompt_recurrence": preset.mask_prompt_recurrence},
-        },
-        "optim": {"lr": preset.lr, "betas": list(preset.betas), "weight_decay": preset.weight_decay,
-                  "fusion_lr_mult": preset.fusion_lr_mult},
-        "schedule": {"kind": "cosine", "warmup_steps": preset.warmup_steps},
-        "train": {"max_steps": preset.steps, "global_batch_size": preset.batch_size,
-                  "micro_batch_size": preset.micro_batch_size, "seed": preset.seed, "device": device,
-                  "precision": preset.precision},
-        "checkpoint": {"every": 0, "keep_last": 1, "save_final": True},
-        "logging": {"progress_label": f"finetune {arm}"},
-    }
-    return config_from_tree(tree)
+# ------------------------------------------------------------------------------------------ this score
 
 
-# ------------------------------------------------------------------------------------------ evaluation
 def score_reply(eval_data: str, reply: str, answer: str) -> dict[str, dict[str, Any]]:
     """Every metric of the evaluation data on one reply: {metric: {"extracted", "correct"}}."""
     from t2mlr.tasks import scoring
@@ -143,39 +163,22 @@ def score_reply(eval_data: str, reply: str, answer: str) -> dict[str, dict[str, 
     return scores
 
 
-def evaluate_greedy(
-    model: Any, tokenizer: Any, records: Sequence[dict[str, str]], max_new_tokens: int, batch_size: int,
-    label: str = "eval", eval_data: str = "arithmetic",
-) -> list[dict[str, Any]]:
-    """Greedy replies to every record's prompt (left-padded batches), scored by every metric of `eval_data`;
-    `correct` is the headline metric's verdict.
+def evaluate_greedy(model: Any, tokenizer: Any, records: Sequence[dict[str, str]], max_new_tokens: int,
+                    batch_size: int, label: str = "eval", eval_data: str = "arithmetic") -> list[dict[str, Any]]:
+    """Greedy replies to every record's prompt, scored by every metric of `eval_data`; `correct` is the
+    headline metric's verdict (a T²MLR model's prompt on the exact path, masked from the fusion when its
+    recurrence_mask_policy is "mask", as in training)."""
+    from t2mlr.generation.text import GenerationSettings, generate_batched
 
-    A T²MLR model with recurrence_mask_policy="mask" gets the prompt masked from the recurrence, as in
-    training; its prompt runs on the exact path."""
-    import torch
-    from tqdm.auto import tqdm
-
-    from t2mlr.model import is_t2mlr
-
-    tokenizer.padding_side = "left"
-    masked = is_t2mlr(model) and model.config.recurrence_mask_policy == "mask"
-    model.eval()
-    predictions: list[dict[str, Any]] = []
-    for start in tqdm(range(0, len(records), batch_size), desc=f"evaluate {label}", leave=False):
-        chunk = records[start : start + batch_size]
-        batch = tokenizer([r["prompt"] for r in chunk], return_tensors="pt", padding=True, add_special_tokens=False)
-        extra = {"recurrence_mask": torch.zeros_like(batch["input_ids"], dtype=torch.bool)} if masked else {}
-        with torch.no_grad():
-            out = model.generate(**batch, **extra, max_new_tokens=max_new_tokens, do_sample=False,
-                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-        for record, row in zip(chunk, out[:, batch["input_ids"].shape[1] :].tolist()):
-            if tokenizer.eos_token_id in row:
-                row = row[: row.index(tokenizer.eos_token_id)]
-            reply = tokenizer.decode(row, skip_special_tokens=True)
-            scores = score_reply(eval_data, reply, record["answer"])
-            headline = scores[EVAL_METRICS[eval_data][0]]
-            predictions.append({"prompt": record["prompt"], "answer": record["answer"], "reply": reply,
-                                "extracted": headline["extracted"], "correct": headline["correct"], "scores": scores})
+    replies = generate_batched(model, tokenizer, [r["prompt"] for r in records],
+                               GenerationSettings(max_new_tokens=max_new_tokens), batch_size, bos=False,
+                               desc=f"evaluate {label}")
+    predictions = []
+    for record, reply in zip(records, replies):
+        scores = score_reply(eval_data, reply, record["answer"])
+        headline = scores[EVAL_METRICS[eval_data][0]]
+        predictions.append({"prompt": record["prompt"], "answer": record["answer"], "reply": reply,
+                            "extracted": headline["extracted"], "correct": headline["correct"], "scores": scores})
     return predictions
 
 
@@ -189,7 +192,21 @@ def model_scores(predictions: Sequence[dict[str, Any]], eval_data: str) -> dict[
     return {"accuracy": headline["accuracy"], "solved": headline["solved"], "metrics": metrics}
 
 
+def step_seconds(metrics_file: Path) -> float:
+    """Seconds the optimizer steps took (checkpoint writing left out), from the trainer's per-step records:
+    each step's tokens over its tokens/s."""
+    seconds, seen = 0.0, 0
+    for line in metrics_file.read_text(encoding="utf-8").splitlines():
+        record = json.loads(line)
+        if record.get("split") == "train":
+            seconds += (record["tokens_seen"] - seen) / record["tokens_per_s"]
+            seen = record["tokens_seen"]
+    return seconds
+
+
 # ------------------------------------------------------------------------------------------ the run
+
+
 def _check_out(out: Path, overwrite: bool) -> None:
     if out.exists() and any(out.iterdir()):
         if not overwrite:
@@ -203,110 +220,78 @@ def _check_out(out: Path, overwrite: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
 
 
-def _write_predictions(out: Path, name: str, predictions: Sequence[dict[str, Any]]) -> None:
-    from t2mlr.tasks.jsonl import write_jsonl
-
-    write_jsonl(predictions, out / "predictions" / f"{name}.jsonl")
-
-
-def _train_arm(preset: Any, arm: str, base_dir: Path, train_file: Path, pad_id: int, device: str, out: Path
-               ) -> tuple[Any, dict[str, Any]]:
-    """Finetune one arm with the project trainer; its model (eval mode) and what the run cost."""
-    from t2mlr.training.trainer import Trainer
-
-    cfg = arm_config(preset, arm, base_dir, train_file, pad_id, device)
-    run_dir = out / "runs" / arm
-    shutil.rmtree(run_dir, ignore_errors=True)
-    trainer = Trainer(cfg, run_dir)
-    start = time.perf_counter()
-    result = trainer.train()
-    seconds = time.perf_counter() - start
-    info = {"train_seconds": step_seconds(run_dir / "metrics.jsonl"), "train_and_save_seconds": seconds,
-            "tokens_seen": trainer.tokens_seen, "steps": result.step,
-            "losses": result.losses, "parameters": sum(p.numel() for p in trainer.model.parameters()),
-            "run_dir": str(run_dir)}
-    return trainer.model.eval(), info
-
-
-def step_seconds(metrics_file: Path) -> float:
-    """Seconds the optimizer steps took (checkpoint writing left out), from the trainer's per-step
-    records: each step's tokens over its tokens/s."""
-    seconds, seen = 0.0, 0
-    for line in metrics_file.read_text(encoding="utf-8").splitlines():
-        record = json.loads(line)
-        if record.get("split") == "train":
-            seconds += (record["tokens_seen"] - seen) / record["tokens_per_s"]
-            seen = record["tokens_seen"]
-    return seconds
-
-
-def run_experiment(preset: Any, out: Path, device: str = "auto", overwrite: bool = False) -> dict[str, Any]:
+def run(preset: str, task: RetrofitTask, tree: dict[str, Any], out: Path, overwrite: bool = False) -> dict[str, Any]:
     """Run the whole experiment into `out` and return what results.json holds."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from t2mlr.analysis.report import write_result
+    from t2mlr.baselines.matching import count_parameters
     from t2mlr.tasks.jsonl import write_jsonl
+    from t2mlr.training.arms import load_trained, train_arms
+    from t2mlr.training.metrics import read_metrics
 
-    preset.validate()
-    train_records, eval_records = build_records(preset)  # bad data fails before any weight is loaded
+    seed = int(tree["train"]["seed"])
+    train_records, eval_records = build_records(task, seed)  # bad data fails before any weight is loaded
     _check_out(out, overwrite)
     started = time.perf_counter()
-    base_dir, load_seconds = prepare_base(preset, out)
+    base_dir, load_seconds = prepare_base(tree, out)
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     train_file = out / "data" / "train.jsonl"
     write_jsonl(train_records, train_file)
     write_jsonl(eval_records, out / "data" / "eval.jsonl")
 
-    models: dict[str, dict[str, Any]] = {}
-    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype="float32")
-    predictions = evaluate_greedy(base, tokenizer, eval_records, preset.max_new_tokens, preset.eval_batch_size, "base",
-                                  preset.eval_data)
-    del base
-    _write_predictions(out, "base", predictions)
-    models["base"] = model_scores(predictions, preset.eval_data)
-    for arm in ARMS:
-        model, info = _train_arm(preset, arm, base_dir, train_file, tokenizer.pad_token_id, device, out)
+    def evaluate(name: str, model: Any) -> dict[str, Any]:
+        predictions = evaluate_greedy(model, tokenizer, eval_records, task.max_new_tokens,
+                                      int(tree["eval"]["batch_size"]), name, task.eval_data)
+        write_jsonl(predictions, out / "predictions" / f"{name}.jsonl")
+        return model_scores(predictions, task.eval_data)
+
+    models = {"base": evaluate("base", AutoModelForCausalLM.from_pretrained(base_dir, dtype="float32"))}
+    for arm in build_arms(task, tree, base_dir, train_file, tokenizer.pad_token_id):
+        trained = train_arms([arm], out / "runs")[0][arm.name]
+        model, _ = load_trained(trained)
         eval_start = time.perf_counter()
-        predictions = evaluate_greedy(model, tokenizer, eval_records, preset.max_new_tokens, preset.eval_batch_size, arm,
-                                      preset.eval_data)
+        scores = evaluate(arm.name, model)
+        records = [r for r in read_metrics(trained.run_dir) if r.get("split") == "train"]
+        models[arm.name] = {**scores, "eval_seconds": time.perf_counter() - eval_start,
+                            "train_seconds": step_seconds(trained.run_dir / "metrics.jsonl"),
+                            "train_and_save_seconds": trained.seconds, "tokens_seen": records[-1]["tokens_seen"],
+                            "steps": records[-1]["step"], "losses": [r["loss"] for r in records],
+                            "parameters": count_parameters(model), "run_dir": str(trained.run_dir)}
         del model
-        _write_predictions(out, arm, predictions)
-        models[arm] = {**model_scores(predictions, preset.eval_data), "eval_seconds": time.perf_counter() - eval_start,
-                       **info}
-    results = {
-        "preset": {**dataclasses.asdict(preset), "arithmetic": dataclasses.asdict(preset.arithmetic)},
-        "metrics": list(EVAL_METRICS[preset.eval_data]),
-        "eval_problems": len(eval_records),
-        "train_rows": len(train_records),
-        "base_load_seconds": load_seconds,
-        "total_seconds": time.perf_counter() - started,
-        "models": models,
-    }
-    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
-    (out / "results.md").write_text(results_markdown(results), encoding="utf-8")
-    plot_results(results, out / "retrofit.png")
+    results = {"preset": {"name": preset, "seed": seed, "steps": int(tree["train"]["max_steps"]),
+                          "source": tree["model"]["pretrained"], "gguf_file": tree["model"].get("gguf_file"),
+                          **asdict(task)}, "metrics": list(EVAL_METRICS[task.eval_data]),
+               "eval_problems": len(eval_records), "train_rows": len(train_records), "base_load_seconds": load_seconds,
+               "total_seconds": time.perf_counter() - started, "models": models}
+    write_result(out, "results", results_markdown(results, tree), results)
+    plot(results, out / "retrofit.png")
     return results
 
 
-# ------------------------------------------------------------------------------------------ reporting
+# ------------------------------------------------------------------------------------------ report
+
+
 def _metric_cell(m: dict[str, Any], metric: str, problems: int) -> str:
     value = m["metrics"][metric]
     return f"{value['accuracy']:.3f} ({value['solved']}/{problems})"
 
 
-def results_markdown(results: dict[str, Any]) -> str:
+def results_markdown(results: dict[str, Any], tree: dict[str, Any]) -> list[str]:
     p, models, metrics = results["preset"], results["models"], results["metrics"]
+    model, optim, train = tree["model"], tree["optim"], tree["train"]
+    masked = model.get("recurrence_mask_policy") == "mask"
     lines = [
         f"# Retrofit experiment ({p['name']} preset, seed {p['seed']})",
         "",
-        (
-            f"T²MLR({p['l_start']},{p['l_end']}) retrofitted into `{p['source']}`; both arms finetuned with the same "
-            f"{results['train_rows']} rows, {p['steps']} steps of batch {p['batch_size']}, AdamW lr {p['lr']} "
-            f"(betas {tuple(p['betas'])}, weight decay {p['weight_decay']}, cosine, warmup {p['warmup_steps']}), "
-            f"seed {p['seed']}; prompts masked from the loss{', and from the recurrence' if p['mask_prompt_recurrence'] else ''}. "
-            f"T²MLR trains on the Jacobi path (d_forward {p['d_forward']}, d_backward {p['d_backward']}) and answers on "
-            f"the exact path. Accuracy of greedy replies on {results['eval_problems']} held-out problems "
-            f"({p['eval_data']}), by each metric (`t2mlr.tasks.scoring`); the first is the headline."
-        ),
+        (f"T²MLR({model['l_start']},{model['l_end']}) retrofitted into `{p['source']}`; both arms finetuned with the "
+         f"same {results['train_rows']} rows, {train['max_steps']} steps of batch {train['global_batch_size']}, AdamW "
+         f"lr {optim['lr']} (betas {tuple(optim['betas'])}, weight decay {optim['weight_decay']}, cosine, warmup "
+         f"{tree['schedule']['warmup_steps']}), seed {p['seed']}; prompts masked from the loss"
+         f"{', and from the recurrence' if masked else ''}. T²MLR trains on the Jacobi path (d_forward "
+         f"{model['d_forward']}, d_backward {model['d_backward']}) and answers on the exact path. Accuracy of greedy "
+         f"replies on {results['eval_problems']} held-out problems ({p['eval_data']}), by each metric "
+         "(`t2mlr.tasks.scoring`); the first is the headline."),
         "",
         "| model | " + " | ".join(METRIC_LABELS[m] for m in metrics)
         + " | training time (s, optimizer steps) | tokens seen | final training loss |",
@@ -317,8 +302,17 @@ def results_markdown(results: dict[str, Any]) -> str:
         loss = f"{sum(m['losses'][-5:]) / len(m['losses'][-5:]):.4f}" if m.get("losses") else "–"
         cells = " | ".join(_metric_cell(m, metric, results["eval_problems"]) for metric in metrics)
         lines.append(f"| {ARM_LABELS[name]} | {cells} | {m.get('train_seconds', 0):.0f} | {m.get('tokens_seen', 0)} | {loss} |")
-    lines += ["", f"Whole run: {results['total_seconds'] / 60:.1f} min. Final loss: mean of the last 5 steps.", ""]
-    return "\n".join(lines)
+    return lines + ["", f"Whole run: {results['total_seconds'] / 60:.1f} min. Final loss: mean of the last 5 steps."]
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    """Accuracy per model (left) and the training loss per finetuned arm (right)."""
+    from t2mlr.analysis.figures import plot_retrofit
+
+    models = results["models"]
+    plot_retrofit({ARM_LABELS[name]: models[name]["accuracy"] for name in MODELS},
+                  {ARM_LABELS[arm]: models[arm]["losses"] for arm in ARMS},
+                  f"accuracy ({METRIC_LABELS[results['metrics'][0]]})", path)
 
 
 def seeds_summary(results: Sequence[dict[str, Any]], metric: str) -> str:
@@ -370,6 +364,8 @@ def rescore_run(run_dir: Path) -> dict[str, Any]:
 
 def write_summary(run_dirs: Sequence[Path], out: Path) -> dict[str, Any]:
     """Re-score several runs (seeds) and write summary.md (one table per metric) and summary.json."""
+    from t2mlr.analysis.report import write_result
+
     runs = [rescore_run(Path(d)) for d in run_dirs]
     kinds = {r["preset"]["eval_data"] for r in runs}
     if len(kinds) != 1:
@@ -380,100 +376,7 @@ def write_summary(run_dirs: Sequence[Path], out: Path) -> dict[str, Any]:
              + ". Recomputed by `t2mlr experiment retrofit-summary` from each run's `predictions/*.jsonl`.", ""]
     for metric in metrics:
         lines += [f"## {METRIC_LABELS[metric]}", "", seeds_summary(runs, metric)]
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.md").write_text("\n".join(lines), encoding="utf-8")
     payload = {"metrics": metrics, "runs": [{k: r[k] for k in ("run", "eval_problems", "models")} | {"seed": r["preset"]["seed"]}
                                             for r in runs]}
-    (out / "summary.json").write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
+    write_result(out, "summary", lines, payload)
     return payload
-
-
-def plot_results(results: dict[str, Any], path: Path) -> None:
-    """Accuracy per model (left) and the training loss per finetuned arm (right)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    models = results["models"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    names = ["base", *ARMS]
-    left.bar([ARM_LABELS[n].replace(" ", "\n", 1) for n in names], [models[n]["accuracy"] for n in names],
-             color=["grey", "tab:blue", "tab:orange"])
-    left.set_ylabel(f"accuracy ({METRIC_LABELS[results['metrics'][0]]})")
-    left.set_title("held-out accuracy")
-    for arm, colour in zip(ARMS, ("tab:blue", "tab:orange")):
-        losses = models[arm]["losses"]
-        right.plot(range(1, len(losses) + 1), losses, label=ARM_LABELS[arm], color=colour)
-    right.set_xlabel("step")
-    right.set_ylabel("training loss (reply tokens)")
-    right.set_title("finetuning loss")
-    right.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-# ------------------------------------------------------------------------------------------ command
-def run_command(args: argparse.Namespace) -> int:
-    import torch
-
-    from t2mlr.training.exit_codes import run_with_exit_codes
-
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    code, _ = run_with_exit_codes("t2mlr experiment retrofit", lambda: _run_retrofit(args))
-    if code == 0:
-        print((args.out / "results.md").read_text(encoding="utf-8"))
-    return code
-
-
-def _run_retrofit(args: argparse.Namespace) -> None:
-    from t2mlr.experiments.retrofit_presets import get_preset
-
-    preset = get_preset(args.preset)
-    overrides = {name: getattr(args, name) for name in ("seed", "steps", "source", "gguf_file", "train_path",
-                                                         "eval_path") if getattr(args, name) is not None}
-    if args.eval is not None:
-        overrides["eval_data"] = args.eval
-    if args.mask_prompt_recurrence:
-        overrides["mask_prompt_recurrence"] = True
-    run_experiment(dataclasses.replace(preset, **overrides), args.out, device=args.device, overwrite=args.overwrite)
-
-
-def add_experiment(sub: Any) -> None:
-    p = sub.add_parser("retrofit", help="retrofit T²MLR into a pretrained model, finetune it and the base, compare",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", choices=("cpu", "paper", "tiny"), default="cpu", help="settings (default: cpu)")
-    p.add_argument("--out", type=Path, default=Path("runs/retrofit"), help="output directory (default: runs/retrofit)")
-    p.add_argument("--seed", type=int, default=None, help="seed of the data and of training (default: 0)")
-    p.add_argument("--steps", type=int, default=None, help="override the finetuning steps of both arms")
-    p.add_argument("--source", default=None, help="override the pretrained model (hub id, directory, .gguf, shortcut)")
-    p.add_argument("--gguf-file", default=None, help="GGUF file name inside --source")
-    p.add_argument("--train-path", default=None, help="OpenMathReasoning jsonl/parquet (paper preset)")
-    p.add_argument("--eval", choices=EVAL_METRICS, default=None,
-                   help="evaluation data: arithmetic (generated), gsm8k or math500 (a local --eval-path file); "
-                        "default: the preset's (cpu: arithmetic, paper: gsm8k)")
-    p.add_argument("--eval-path", default=None,
-                   help="GSM8K test or MATH-500 jsonl/parquet (the paper preset evaluates every row)")
-    p.add_argument("--mask-prompt-recurrence", action="store_true",
-                   help="the prompt's tokens skip the fusion (they still write the recurrent state)")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="training device (default: auto)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--overwrite", action="store_true", help="replace the results and runs in a non-empty --out")
-    p.set_defaults(func=run_command)
-
-    summary = sub.add_parser("retrofit-summary", help="re-score retrofit runs (seeds) with every metric, one table each")
-    summary.add_argument("runs", nargs="+", type=Path, help="output directories of `t2mlr experiment retrofit`")
-    summary.add_argument("--out", type=Path, required=True, help="where summary.md and summary.json go")
-    summary.set_defaults(func=run_summary_command)
-
-
-def run_summary_command(args: argparse.Namespace) -> int:
-    try:
-        write_summary(args.runs, args.out)
-    except (ValueError, FileNotFoundError, json.JSONDecodeError) as err:
-        print(f"t2mlr experiment retrofit-summary: {err}", file=sys.stderr)
-        return 2
-    print((args.out / "summary.md").read_text(encoding="utf-8"))
-    return 0

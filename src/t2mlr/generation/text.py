@@ -11,14 +11,17 @@ it as a CUDA graph on a GPU.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from tqdm.auto import tqdm
 from transformers import CompileConfig, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.generation.streamers import BaseStreamer
 
 from t2mlr.model import is_t2mlr
 from t2mlr.model.generation import PREFILL_PATHS, prefill_kwargs
+from t2mlr.utils import prompt_ids
 
 __all__ = [
     "COMPILE_MODES",
@@ -26,6 +29,7 @@ __all__ = [
     "GenerationSettings",
     "compiled_decoding_kwargs",
     "encode_prompt",
+    "generate_batched",
     "generate_kwargs",
     "generate_text",
 ]
@@ -123,3 +127,40 @@ def generate_text(
         output = model.generate(**inputs, **kwargs, pad_token_id=pad, streamer=streamer)
     continuation = output[0, inputs["input_ids"].shape[1] :]
     return tokenizer.decode(continuation, skip_special_tokens=True)
+
+
+def left_padded(tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], bos: bool,
+                device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """Prompts as one batch, padded on the left (so every row's next token is the last column's)."""
+    if tokenizer.pad_token_id is None:
+        raise ValueError("batched generation pads prompts: the tokenizer needs a pad token (e.g. its EOS)")
+    rows = [prompt_ids(tokenizer, prompt, bos) for prompt in prompts]
+    width = max(len(row) for row in rows)
+    ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(row)) + row for row in rows], device=device)
+    mask = torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in rows], device=device)
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def generate_batched(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str],
+                     settings: GenerationSettings, batch_size: int, bos: bool = True, desc: str = "generate",
+                     ) -> list[str]:
+    """The continuation of every prompt (up to its first EOS, special tokens dropped), `batch_size` prompts at
+    a time, left-padded; `bos` starts each prompt with the tokenizer's BOS, as the model was trained. A T²MLR
+    model with recurrence_mask_policy="mask" gets its prompts masked from the fusion, as in training."""
+    kwargs = generate_kwargs(model, settings)
+    masked = is_t2mlr(model) and model.config.recurrence_mask_policy == "mask"
+    device = next(model.parameters()).device
+    texts: list[str] = []
+    model.eval()
+    for lo in tqdm(range(0, len(prompts), batch_size), desc=desc, unit="batch", dynamic_ncols=True, leave=False):
+        inputs = left_padded(tokenizer, prompts[lo : lo + batch_size], bos, device)
+        if masked:
+            inputs["recurrence_mask"] = torch.zeros_like(inputs["input_ids"], dtype=torch.bool)
+        with torch.no_grad():
+            out = model.generate(**inputs, **kwargs, pad_token_id=tokenizer.pad_token_id,
+                                 eos_token_id=tokenizer.eos_token_id)
+        for row in out[:, inputs["input_ids"].shape[1] :].tolist():
+            if tokenizer.eos_token_id in row:
+                row = row[: row.index(tokenizer.eos_token_id)]
+            texts.append(tokenizer.decode(row, skip_special_tokens=True))
+    return texts

@@ -6,7 +6,7 @@ import argparse
 import os
 from typing import Any
 
-from t2mlr.training.commands import _accept_trailing_overrides
+from t2mlr.training.commands import accept_trailing_overrides
 
 GRPO_DESCRIPTION = """\
 GRPO on a verifiable task with T2MLRGRPOTrainer: TRL's GRPOTrainer whose per-token log-probabilities are
@@ -39,7 +39,7 @@ def register(subparsers: Any) -> None:
     grpo.add_argument("--stop-after", type=int, default=None, metavar="N", help="stop after step N with a checkpoint")
     grpo.add_argument("--threads", type=int, default=1, metavar="N", help="torch CPU threads (default 1)")
     grpo.set_defaults(func=run_grpo_command)
-    _accept_trailing_overrides(grpo)
+    accept_trailing_overrides(grpo)
 
 
 def run_grpo_command(args: argparse.Namespace) -> int:

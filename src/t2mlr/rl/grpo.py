@@ -40,6 +40,7 @@ from t2mlr.training.config import (
     OptimConfig,
     ScheduleConfig,
     apply_overrides,
+    changed_settings,
     from_dict,
     load_yaml_tree,
     resolve_config_path,
@@ -179,19 +180,6 @@ def batch_layout(g: GrpoSettings, world_size: int) -> tuple[int, int]:
 RESUME_NEUTRAL = ("logging", "checkpoint", "eval", "train.max_steps")
 
 
-def differing_keys(saved: Any, current: Any, prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ, except those that do not change the run's result."""
-    if isinstance(saved, dict) and isinstance(current, dict):
-        keys: list[str] = []
-        for key in sorted(set(saved) | set(current)):
-            keys += differing_keys(saved.get(key), current.get(key), f"{prefix}{key}.")
-        return keys
-    name = prefix.rstrip(".")
-    if saved == current or any(name == n or name.startswith(n + ".") for n in RESUME_NEUTRAL):
-        return []
-    return [name]
-
-
 def latest_checkpoint(run_dir: Path) -> Path | None:
     """transformers' newest checkpoint-N folder of a run, if any."""
     from transformers.trainer_utils import get_last_checkpoint
@@ -210,9 +198,9 @@ def check_run_directory(run_dir: Path, cfg: GrpoConfig, resume: bool) -> Path | 
                               "continue it or choose another --out")
     saved = run_dir / CONFIG_FILE
     if resume and saved.is_file():
-        changed = differing_keys(yaml.safe_load(saved.read_text(encoding="utf-8")), cfg.to_dict())
+        changed = changed_settings(yaml.safe_load(saved.read_text(encoding="utf-8")), cfg.to_dict(), RESUME_NEUTRAL)
         if changed:
-            raise ConfigError(f"{run_dir} was started with a different configuration ({', '.join(changed)}); "
+            raise ConfigError(f"{run_dir} was started with a different configuration ({'; '.join(changed)}); "
                               "resume with the recorded one")
     return existing if resume else None
 

@@ -42,7 +42,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from t2mlr.tasks.loaders import normalise_cot_record
+from t2mlr.tasks.loaders import normalise_cot_record, retrofit_prompt
 
 __all__ = [
     "OPERATORS",
@@ -294,3 +294,9 @@ def few_shot_prompt(examples: Sequence[dict[str, Any]], question: str) -> str:
     """
     shots = [plain_prompt(e["question"]) + "\n" + "\n".join(e["steps"]) + f"\n#### {e['answer']}" for e in examples]
     return "\n\n".join([*shots, plain_prompt(question)]) + "\n"
+
+
+def arithmetic_retrofit_records(num: int, split: str, seed: int, settings: ArithmeticSettings) -> list[dict[str, str]]:
+    """Generated problems as records whose prompt is the retrofit's "Question: …\nAnswer:\n"."""
+    records = arithmetic_cot_records(num, split, seed, settings)
+    return [{**r, "prompt": retrofit_prompt(r["prompt"])} for r in records]

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from t2mlr.tasks.jsonl import read_records
+from t2mlr.tasks.scoring import extract_math_answer
 
 __all__ = ["GSM_AUG_HUB", "DataUnavailableError", "load_gsm_aug", "load_hotpotqa_cot", "normalise_cot_record"]
 
@@ -107,3 +108,63 @@ def load_gsm_aug(
 def load_hotpotqa_cot(path: str | Path, limit: int | None = None) -> list[dict[str, str]]:
     """HotpotQA chain-of-thought records from a local JSON-lines or parquet file."""
     return _normalise_all(_local_records(path), str(path), limit)
+
+
+# ------------------------------------------------------------------------------------------ the retrofit's sources
+# Records ``{prompt, target, answer}`` whose prompt is "Question: <question>\nAnswer:\n" (`retrofit_prompt`); a
+# reply is scored by its answer after "####" (GSM formats) or its last boxed answer (MATH-500).
+
+
+def retrofit_prompt(question: str) -> str:
+    """What a pretrained model reads before its reply in the retrofit experiment (training and evaluation)."""
+    return f"Question: {question.strip()}\nAnswer:\n"
+
+
+def _require_columns(row: dict[str, Any], columns: Sequence[str], path: Path, index: int) -> None:
+    missing = [c for c in columns if c not in row]
+    if missing:
+        raise ValueError(f"{path} row {index}: missing column(s) {missing}; this format needs {list(columns)}")
+
+
+def openmathreasoning_records(path: str | Path, limit: int | None = None) -> list[dict[str, str]]:
+    """OpenMathReasoning rows → records: the solution is the target, the expected answer is appended
+    after ``####`` so training and scoring read the answer in one place."""
+    path, records = Path(path), []
+    for i, row in enumerate(read_records(path)[:limit]):
+        _require_columns(row, ("problem", "generated_solution", "expected_answer"), path, i)
+        answer = str(row["expected_answer"]).strip()
+        target = f"{str(row['generated_solution']).strip()}\n#### {answer}"
+        records.append({"prompt": retrofit_prompt(str(row["problem"])), "target": target, "answer": answer})
+    return records
+
+
+def gsm8k_records(path: str | Path, limit: int | None = None) -> list[dict[str, str]]:
+    """GSM8K rows → records (the answer is the number after the solution's ``####``)."""
+    path, records = Path(path), []
+    for i, row in enumerate(read_records(path)[:limit]):
+        _require_columns(row, ("question", "answer"), path, i)
+        solution = str(row["answer"])
+        if "####" not in solution:
+            raise ValueError(f"{path} row {i}: the answer has no '#### <number>' line")
+        answer = solution.rsplit("####", 1)[1].strip().replace(",", "")
+        records.append({"prompt": retrofit_prompt(str(row["question"])), "target": solution.strip(), "answer": answer})
+    return records
+
+
+def math500_records(path: str | Path, limit: int | None = None) -> list[dict[str, str]]:
+    """MATH-500 (or MATH) rows → records whose answer is the reference a boxed reply is compared with."""
+    path, records = Path(path), []
+    for i, row in enumerate(read_records(path)[:limit]):
+        if "problem" not in row or ("answer" not in row and "solution" not in row):
+            raise ValueError(f"{path} row {i}: a MATH-500 row needs 'problem' and 'answer' (HuggingFaceH4/MATH-500), "
+                             f"or 'problem' and 'solution' (MATH); found columns {sorted(row)}")
+        if "answer" in row:
+            answer = str(row["answer"]).strip()
+        else:
+            answer = extract_math_answer(str(row["solution"])) or ""
+        if not answer:
+            raise ValueError(f"{path} row {i}: no reference answer (an empty 'answer', or a 'solution' without "
+                             "a \\boxed{...})")
+        records.append({"prompt": retrofit_prompt(str(row["problem"])), "target": str(row.get("solution", "")).strip(),
+                        "answer": answer})
+    return records

@@ -28,6 +28,7 @@ the scored part (the dictionary and the delimiter) have label -100.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -53,6 +54,7 @@ __all__ = [
     "UNK",
     "WORD_PATTERN",
     "build_s5_tokenizer",
+    "build_task_tokenizer",
     "build_word_tokenizer",
     "numbered_tokenizer",
     "encode_s5_sample",
@@ -188,3 +190,28 @@ def encode_s5_sample(tokenizer: PreTrainedTokenizerFast, sample: Mapping[str, An
     target_ids = _ids_of(tokenizer, targets, "target_tokens")
     labels = [IGNORE_INDEX] * score_start + target_ids[score_start:]
     return {"input_ids": input_ids, "labels": labels, "attention_mask": [1] * len(input_ids)}
+
+
+_CONSONANTS, _VOWELS = "bcdfglmnprstvz", "aeiou"
+
+
+def build_task_tokenizer(texts: Iterable[str], phrases: Sequence[str] = (), syllables: bool = False,
+                         max_words: int = 4000) -> PreTrainedTokenizerFast:
+    """A word-level tokenizer for a from-scratch finetune: the task's phrases, the words of the training texts,
+    ProsQA's consonant-vowel syllables (`syllables`) and every single character of the texts, matched longest
+    first, so that ``decode(encode(text)) == text`` for any text made of those characters.
+
+    `max_words` keeps the most frequent training words only (rare words fall back to characters)."""
+    texts = list(texts)
+    counts: dict[str, int] = {}
+    for text in texts:
+        for word in word_vocab_from_texts([text]):
+            if len(word) > 1:
+                counts[word] = counts.get(word, 0) + 1
+    words = sorted(counts, key=lambda w: (-counts[w], w))[:max_words]
+    characters = sorted({c for text in texts for c in text})
+    pairs = [c + v for c, v in itertools.product(_CONSONANTS, _VOWELS)] if syllables else []
+    symbols = [s for s in dict.fromkeys([*phrases, *pairs, *sorted(words), *characters]) if s not in SPECIAL_TOKENS]
+    if syllables:  # ProsQA's names are syllable sequences: whole words would not cover the held-out names
+        symbols = [s for s in symbols if s in phrases or s in pairs or len(s) == 1 or not s.islower()]
+    return build_word_tokenizer(symbols)

@@ -75,7 +75,7 @@ def register(subparsers: Any) -> None:
                      help="assumed model-FLOP utilisation for the step time (default 0.30)")
     dry.add_argument("--json", action="store_true", help="print the dry run as JSON instead of a table")
     train.set_defaults(func=run_train)
-    _accept_trailing_overrides(train)
+    accept_trailing_overrides(train)
 
     plot = subparsers.add_parser("plot", help="plot loss and fusion-gate curves of a run to PNG")
     plot.add_argument("run_dir", help="run directory holding metrics.jsonl")
@@ -83,7 +83,7 @@ def register(subparsers: Any) -> None:
     plot.set_defaults(func=run_plot)
 
 
-def _accept_trailing_overrides(parser: argparse.ArgumentParser) -> None:
+def accept_trailing_overrides(parser: argparse.ArgumentParser) -> None:
     """Let `key=value` overrides follow options (`train cfg.yaml --out x a=1`).
 
     argparse fills a `nargs="*"` positional as soon as it meets the first positional, so later

@@ -13,12 +13,13 @@ T²MLR settings it would otherwise inherit.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import importlib
 import inspect
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Union
@@ -153,6 +154,39 @@ class DataConfig:
     pad_token_id: int = 0
     seed: int = 0
     num_workers: int = 0
+
+    def __post_init__(self) -> None:
+        self.factory, self.kwargs = moved_factory(self.factory, self.kwargs)
+
+
+# Data factories that moved, as run directories recorded them: old "module:function" -> (new one, keyword
+# renames, keywords the new one needs to behave as the old did). A recorded config names the old one, and
+# resuming it, or reading a checkpoint's training data (`t2mlr analyze ... --data train`), must still work.
+MOVED_FACTORIES: dict[str, tuple[str, dict[str, str], dict[str, Any]]] = {
+    "t2mlr.experiments.s5_data:s5_stream_dataset": ("t2mlr.tasks.s5_data:s5_stream_dataset", {}, {}),
+    "t2mlr.experiments.s5_data:s5_retrieval_dataset": ("t2mlr.tasks.s5_data:s5_retrieval_dataset", {}, {}),
+    "t2mlr.experiments.finetune_data:sft_dataset": ("t2mlr.tasks.sft:sft_dataset", {}, {}),
+    "t2mlr.experiments.retrofit_data:prompt_target_dataset": (
+        "t2mlr.tasks.sft:sft_dataset", {"mask_prompt_recurrence": "prompt_recurrence_mask"}, {"bos": False}),
+}
+
+
+def moved_factory(factory: str | None, kwargs: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
+    """A data factory and its keywords under their current names (`MOVED_FACTORIES`)."""
+    if factory not in MOVED_FACTORIES:
+        return factory, kwargs
+    new, renames, added = MOVED_FACTORIES[factory]
+    return new, {**added, **{renames.get(key, key): value for key, value in kwargs.items()}}
+
+
+def with_current_factories(tree: dict[str, Any]) -> dict[str, Any]:
+    """A recorded config tree with moved data factories renamed (`moved_factory`), for comparing it with a
+    config built today."""
+    tree = deep_merge({}, tree)
+    for section in (tree.get("data"), (tree.get("eval") or {}).get("data")):
+        if isinstance(section, dict) and section.get("factory") in MOVED_FACTORIES:
+            section["factory"], section["kwargs"] = moved_factory(section["factory"], section.get("kwargs") or {})
+    return tree
 
 
 @dataclass
@@ -342,6 +376,10 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         return value
     if dataclasses.is_dataclass(tp):
         return value if isinstance(value, tp) else from_dict(tp, value, where + ".")
+    if origin in (list, tuple) and (origin is list or args[-1:] == (Ellipsis,)):  # list[X], tuple[X, ...]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        return origin(_coerce(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
     if origin is tuple:
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
             raise ConfigError(f"{where}: expected a list of {len(args)} values, got {value!r}")
@@ -442,14 +480,14 @@ def load_yaml_tree(path: Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
 
 
 def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
-    """Recursively merge `update` into a copy of `base` (mappings merge, unless tagged `!replace`;
-    everything else replaces)."""
-    merged = dict(base)
+    """Recursively merge `update` into a deep copy of `base` (mappings merge, unless tagged `!replace`;
+    everything else replaces); the result shares no mapping or list with either argument."""
+    merged = copy.deepcopy(base)
     for key, value in update.items():
         if isinstance(value, dict) and not isinstance(value, ReplacingMapping) and isinstance(merged.get(key), dict):
             merged[key] = deep_merge(merged[key], value)
         else:
-            merged[key] = value
+            merged[key] = copy.deepcopy(value)
     return merged
 
 
@@ -491,6 +529,32 @@ def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any
                     node.pop(setting, None)
         node[parts[-1]] = value
     return tree
+
+
+def load_sections(name_or_path: str | Path, overrides: Sequence[str], sections: Mapping[str, type]
+                  ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A YAML config holding sections beyond the trainer's (an experiment's `task:`), with dotted overrides:
+    the trainer's part as a plain tree of every setting, coerced and checked as `t2mlr train` checks them (the rules
+    across fields, such as a data source's path, once the experiment has filled in what it derives), and each
+    further section built as its dataclass (unknown keys and wrong types refused the same way, e.g. `task.kk`
+    → `k`)."""
+    tree = apply_overrides(load_yaml_tree(resolve_config_path(name_or_path)), list(overrides))
+    built = {name: from_dict(cls, tree.pop(name, None) or {}, f"{name}.") for name, cls in sections.items()}
+    # keys and types (every value as its declared type, defaults filled in); the rules across fields once the
+    # experiment has filled in what it derives
+    return to_plain(from_dict(TrainConfig, tree)), built
+
+
+def changed_settings(saved: Any, current: Any, neutral: Sequence[str] = (), prefix: str = "") -> list[str]:
+    """`key: saved → current` for every dotted key whose value differs between two config trees, except the
+    keys under `neutral` (settings that do not change a run's result): what a resume would change."""
+    if isinstance(saved, dict) and isinstance(current, dict):
+        return [line for key in sorted(set(saved) | set(current))
+                for line in changed_settings(saved.get(key), current.get(key), neutral, f"{prefix}{key}.")]
+    name = prefix.rstrip(".")
+    if saved == current or any(name == n or name.startswith(n + ".") for n in neutral):
+        return []
+    return [f"{name}: {saved!r} → {current!r}"]
 
 
 def load_config(name_or_path: str | Path, overrides: list[str] | None = None) -> TrainConfig:

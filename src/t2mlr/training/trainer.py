@@ -45,8 +45,10 @@ from t2mlr.training.config import (
     DataConfig,
     ModelConfig,
     TrainConfig,
+    changed_settings,
     save_config,
     to_plain,
+    with_current_factories,
 )
 from t2mlr.training.data import (
     Collator,
@@ -505,32 +507,12 @@ def result_changing_differences(saved: dict[str, Any], cfg: TrainConfig) -> list
     """`key: saved → current` for every setting that would make a resumed run differ from an
     uninterrupted one. Logging, checkpointing and evaluation do not change the training result;
     train.max_steps and schedule.total_steps matter through the schedule's length only."""
-    current = to_plain(cfg)
-    changes = [
-        f"{key}: {_lookup(saved, key)!r} → {_lookup(current, key)!r}"
-        for key in sorted(_diff_keys(saved, current))
-        if not any(key == n or key.startswith(n + ".") for n in RESULT_NEUTRAL)
-    ]
-    saved_total = _lookup(saved, "schedule.total_steps") or _lookup(saved, "train.max_steps")
+    changes = changed_settings(with_current_factories(saved), to_plain(cfg), RESULT_NEUTRAL)
+    saved_total = (saved.get("schedule") or {}).get("total_steps") or (saved.get("train") or {}).get("max_steps")
     if saved_total != cfg.horizon():
         changes.append(f"the schedule's length: {saved_total} → {cfg.horizon()} steps (train.max_steps, "
                        "schedule.total_steps)")
     return changes
-
-
-def _lookup(tree: Any, dotted: str) -> Any:
-    for part in dotted.split("."):
-        tree = tree.get(part) if isinstance(tree, dict) else None
-    return tree
-
-
-def _diff_keys(a: Any, b: Any, prefix: str = "") -> set[str]:
-    if isinstance(a, dict) and isinstance(b, dict):
-        keys: set[str] = set()
-        for key in set(a) | set(b):
-            keys |= _diff_keys(a.get(key), b.get(key), f"{prefix}{key}.")
-        return keys
-    return set() if a == b else {prefix.rstrip(".")}
 
 
 def _format(metrics: dict[str, Any]) -> str:

@@ -6,8 +6,8 @@ variable-assignment generator and word-level task tokenizer, the answer digit su
 the held-out pass@1 (greedy: the argmax after `Answer: |`) every `--every` steps. No T²MLR arm is involved, so it can
 size a preset without looking at which arm wins.
 
-    python results/finetune_cpu/calibrate_va.py --depth 0 --steps 1500            # one lookup among 3 constants
-    python results/finetune_cpu/calibrate_va.py --depth 5 --steps 4000 --line-tokens  # "a=5" read as one token
+    python benchmarks/calibrate_va.py --depth 0 --steps 1500            # one lookup among 3 constants
+    python benchmarks/calibrate_va.py --depth 5 --steps 4000 --line-tokens  # "a=5" read as one token
 
 `--line-tokens` adds every assignment (`a=5`, `b=a`) and every query (`z=___`) to the tokenizer as one symbol, so
 that a single attention lookup can answer depth 0; the prompt text is unchanged. One torch thread.
@@ -24,7 +24,8 @@ import time
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from t2mlr.experiments.finetune_data import build_task_tokenizer, encode_sft
+from t2mlr.tasks.sft import sft_row
+from t2mlr.tasks.tokenizers import build_task_tokenizer
 from t2mlr.tasks.variable_assignment import HEADER, generate_variable_assignment
 from t2mlr.training.data import Collator
 
@@ -78,8 +79,8 @@ def main(argv: list[str] | None = None) -> None:
     train = generate_variable_assignment(args.train, *task, stream="train", min_depth=args.min_depth)
     held_out = generate_variable_assignment(args.eval, *task, stream="eval")
     tokenizer = build_task_tokenizer((r["prompt"] + r["target"] for r in train[:2000]), task_phrases(args.line_tokens))
-    train_rows = [encode_sft(tokenizer, r["prompt"], r["target"]) for r in train]
-    eval_rows = [encode_sft(tokenizer, r["prompt"], r["target"]) for r in held_out]
+    train_rows = [sft_row(tokenizer, r["prompt"], r["target"]) for r in train]
+    eval_rows = [sft_row(tokenizer, r["prompt"], r["target"]) for r in held_out]
     print(f"vocabulary {len(tokenizer)}; first row {train_rows[0]['input_ids'].numel()} tokens", flush=True)
 
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=args.hidden, intermediate_size=4 * args.hidden,

@@ -77,7 +77,7 @@ class S5RetrievalDataset(Dataset):
 
 
 def s5_retrieval_dataset(path: str, tokenizer: str) -> S5RetrievalDataset:
-    """Trainer factory (`data.factory: t2mlr.experiments.s5_data:s5_retrieval_dataset`).
+    """Trainer factory (`data.factory: t2mlr.tasks.s5_data:s5_retrieval_dataset`).
 
     `path` is a jsonl file written by `t2mlr data s5-retrieval`; `tokenizer` its tokenizer directory.
     """
@@ -149,6 +149,6 @@ def s5_stream_dataset(
     tokenizer: str, k: int, dict_size: int, alphabet: str, n_lo: int, n_hi: int, size: int,
     num_actions: int | None = None, seed: int = 0,
 ) -> StreamedS5Dataset:
-    """Trainer factory (`data.factory: t2mlr.experiments.s5_data:s5_stream_dataset`), plain-value kwargs."""
+    """Trainer factory (`data.factory: t2mlr.tasks.s5_data:s5_stream_dataset`), plain-value kwargs."""
     spec = S5DataSpec(k=k, dict_size=dict_size, alphabet=alphabet, num_actions=num_actions, seed=seed)
     return StreamedS5Dataset(spec, (n_lo, n_hi), size, AutoTokenizer.from_pretrained(tokenizer))

@@ -15,11 +15,13 @@ its training data:
 - with `--time`, the seconds of one training step's forward and backward (a batch of the preset's size of
   training rows) on the exact path and on Jacobi paths, median of 5 rounds in rotated order, one thread.
 
-    python results/finetune_cpu/cache_convergence.py runs/prosqa_j31_seed0 --arms t2mlr:2-3 t2mlr:1-4 \
+    python benchmarks/cache_convergence.py runs/prosqa_j31_seed0 --arms t2mlr:2-3 t2mlr:1-4 \
         --out results/finetune_cpu/cache_convergence
 
-The run's settings come from its preset (`--preset`, default cpu) and its data/meta.json, so an arm can be measured
-while the run's other arms are still training.
+The run's settings come from the arm's recorded trainer config (its run directory's config.yaml), the task's from
+its preset (`--preset`, default cpu: configs/experiments/finetune_cpu_<task>.yaml) and its data/meta.json, so an arm
+can be measured while the run's other arms are still training. (Moved here from results/finetune_cpu/, where its
+results stay: results/finetune_cpu/prosqa-hard_cache_convergence/.)
 
 One torch thread (the numbers do not depend on it; the timing is not reported).
 """
@@ -34,10 +36,12 @@ from pathlib import Path
 import torch
 
 from t2mlr import T2MLRForCausalLM
-from t2mlr.experiments.finetune import generate_batched, prediction_rows
-from t2mlr.experiments.finetune_data import encode_sft
-from t2mlr.experiments.finetune_presets import get_preset
-from t2mlr.generation.text import GenerationSettings
+import yaml
+
+from t2mlr.experiments.finetune import FinetuneTask, config_name, prediction_rows
+from t2mlr.generation.text import GenerationSettings, generate_batched
+from t2mlr.tasks.sft import sft_row
+from t2mlr.training.config import load_sections
 from t2mlr.tasks.jsonl import read_jsonl
 from t2mlr.training.data import Collator
 from t2mlr.utils import IGNORE_INDEX, load_tokenizer
@@ -60,7 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def batch_of(records: list[dict], tokenizer) -> dict[str, torch.Tensor]:
-    rows = [encode_sft(tokenizer, r["prompt"], r["target"]) for r in records]
+    rows = [sft_row(tokenizer, r["prompt"], r["target"]) for r in records]
     return Collator(pad_token_id=tokenizer.pad_token_id)(rows)
 
 
@@ -113,31 +117,31 @@ def early_stop_iterations(model: T2MLRForCausalLM, records: list[dict], tokenize
 
 
 def pass_at_1(model, tokenizer, records: list[dict], task: str, settings: GenerationSettings, batch_size: int) -> float:
-    texts = generate_batched(model, tokenizer, [r["prompt"] for r in records], settings, batch_size,
-                             torch.device("cpu"), desc="pass@1")
+    texts = generate_batched(model, tokenizer, [r["prompt"] for r in records], settings, batch_size, desc="pass@1")
     rows = prediction_rows(task, "t2mlr", records, texts)
     return sum(r["correct"] for r in rows) / len(rows)
 
 
-def measure_arm(arm_dir: Path, run_dir: Path, preset, tokenizer, held_out: list[dict], train: list[dict],
+def measure_arm(arm_dir: Path, run_dir: Path, task: FinetuneTask, tokenizer, held_out: list[dict], train: list[dict],
                 depth: int, time_steps: bool = False) -> dict:
+    config = yaml.safe_load((arm_dir / "config.yaml").read_text(encoding="utf-8"))
     model = T2MLRForCausalLM.from_pretrained(str(arm_dir / "final")).eval()
     if time_steps:
-        batch = batch_of(train[: preset.batch_size], tokenizer)
+        batch = batch_of(train[: config["train"]["global_batch_size"]], tokenizer)
         return {"step_seconds": step_seconds(model, {k: batch[k] for k in ("input_ids", "attention_mask", "labels")
                                                      if k in batch})}
     gates = {name: float(torch.tanh(p)) for name, p in model.named_parameters() if name.endswith(("gamma_cur", "gamma_rec"))}
-    exact = GenerationSettings(max_new_tokens=preset.max_new_tokens)
-    jacobi = GenerationSettings(max_new_tokens=preset.max_new_tokens, prefill="jacobi", prefill_depth=depth)
+    exact = GenerationSettings(max_new_tokens=task.max_new_tokens)
+    jacobi = GenerationSettings(max_new_tokens=task.max_new_tokens, prefill="jacobi", prefill_depth=depth)
+    eval_batch = config["eval"]["batch_size"]
     evaluation = read_jsonl(run_dir / "data" / "eval.jsonl")
     return {
         "gates_tanh": gates,
         "held_out": depth_table(model, batch_of(held_out, tokenizer)),
         "train": depth_table(model, batch_of(train, tokenizer)),
         "early_stop_iterations_held_out": early_stop_iterations(model, held_out, tokenizer),
-        "pass_at_1_exact_prefill": pass_at_1(model, tokenizer, evaluation, preset.task, exact, preset.eval_batch_size),
-        f"pass_at_1_jacobi_prefill_{depth}": pass_at_1(model, tokenizer, evaluation, preset.task, jacobi,
-                                                       preset.eval_batch_size),
+        "pass_at_1_exact_prefill": pass_at_1(model, tokenizer, evaluation, task.name, exact, eval_batch),
+        f"pass_at_1_jacobi_prefill_{depth}": pass_at_1(model, tokenizer, evaluation, task.name, jacobi, eval_batch),
     }
 
 
@@ -202,15 +206,16 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(1)
     meta = json.loads((args.run / "data" / "meta.json").read_text(encoding="utf-8"))
-    preset = get_preset(args.preset, meta["task"])
+    _, sections = load_sections(config_name(args.preset, meta["task"]), [], {"task": FinetuneTask})
     tokenizer = load_tokenizer(str(args.run / "data" / "tokenizer"))
     held_out = read_jsonl(args.run / "data" / "eval.jsonl")[: args.rows]
     train = read_jsonl(args.run / "data" / "train.jsonl")[: args.rows]
-    depth = args.train_depth or preset.d_forward
+    first = yaml.safe_load((args.run / args.arms[0].replace(":", "_") / "config.yaml").read_text(encoding="utf-8"))
+    depth = args.train_depth or first["model"]["d_forward"]
     results = {}
     for arm in args.arms:
-        results[arm] = measure_arm(args.run / arm.replace(":", "_"), args.run, preset, tokenizer, held_out, train, depth,
-                                   args.time)
+        results[arm] = measure_arm(args.run / arm.replace(":", "_"), args.run, sections["task"], tokenizer, held_out,
+                                   train, depth, args.time)
         print(f"{arm}: done", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.time:

@@ -1,4 +1,5 @@
-"""The tasks of the reasoning finetunes: where their data come from and how an output is scored.
+"""The reasoning tasks of the finetunes (`t2mlr experiment finetune`): where their data come from and how an
+output is scored.
 
 Every task yields records with ``prompt`` (the text the model is given), ``target`` (the supervised
 continuation: the answer or chain of thought) and ``answer`` (the gold answer), plus what its scorer needs:
