@@ -1,7 +1,8 @@
 """Every shell command in the README and the docs/ pages it links runs as written on a CPU-only machine, or
 at a tiny scale, or is run (at a tiny scale) by a named test. A command that none of the three covers fails
-here, so the pages and the tests cannot drift apart. Two pages have runners of their own, which run every
-block in order: docs/ecosystem.md (tests/test_ecosystem_docs.py) and docs/rl.md (tests/test_rl_grpo.py)."""
+here, so the pages and the tests cannot drift apart. Three pages have runners of their own: docs/ecosystem.md
+(tests/test_ecosystem_docs.py) and docs/rl.md (tests/test_rl_grpo.py) run every block in order, and
+docs/serving.md's commands need vLLM and a running server (tests/test_serving_vllm.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from t2mlr.cli import main as cli_main
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
-OWN_RUNNERS = ("ecosystem.md", "rl.md")  # pages whose blocks their own tests run in order
+OWN_RUNNERS = ("ecosystem.md", "rl.md", "serving.md")  # pages whose blocks their own tests run
 DOCUMENTS = [README, *sorted(p for p in (REPO / "docs").glob("*.md") if p.name not in OWN_RUNNERS)]
 
 # Run exactly as written, in this order, in one scratch directory (later ones use earlier runs).

