@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 
 import pytest
 import torch
@@ -95,15 +95,11 @@ def left_padded(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, mask
 
 
-@contextmanager
-def torch_threads(count: int) -> Iterator[None]:
-    """torch's CPU thread count set to `count` inside the block, restored after."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+def torch_threads(count: int) -> AbstractContextManager[None]:
+    """torch's CPU thread count set to `count` inside the block, restored after (the arms driver's own)."""
+    from t2mlr.training.arms import fixed_threads
+
+    return fixed_threads(count)
 
 
 @pytest.fixture

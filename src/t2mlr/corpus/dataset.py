@@ -12,8 +12,7 @@ from torch.utils.data import Dataset
 
 from t2mlr.corpus.errors import CorpusError
 from t2mlr.corpus.shards import read_manifest
-
-IGNORE_INDEX = -100
+from t2mlr.utils import IGNORE_INDEX
 
 
 def positions_from_starts(starts: np.ndarray) -> np.ndarray:

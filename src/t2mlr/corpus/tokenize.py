@@ -50,6 +50,8 @@ from t2mlr.corpus.sources import (
     TxtDocuments,
     resolve_inputs,
 )
+from t2mlr.utils import TokenizerNotFoundError
+from t2mlr.utils import load_tokenizer as load_any_tokenizer
 
 DEFAULT_SHARD_TOKENS = 1 << 27  # 128 Mi tokens: 256 MiB uint16 shards
 DEFAULT_BATCH_CHARS = 1 << 20
@@ -62,14 +64,11 @@ _BATCHES_IN_FLIGHT_PER_WORKER = 2
 
 
 def load_tokenizer(name: str) -> Any:
-    """A fast Hugging Face tokenizer from a directory, a `tokenizer.json` file, or a hub id."""
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
+    """A Hugging Face tokenizer from a directory, a `tokenizer.json` file, or a hub id (`t2mlr.utils.load_tokenizer`),
+    its failure a `CorpusError`, as every corpus input error is."""
     try:
-        if name.endswith(".json") and Path(name).is_file():
-            return PreTrainedTokenizerFast(tokenizer_file=name)
-        return AutoTokenizer.from_pretrained(name)
-    except OSError as err:
+        return load_any_tokenizer(name)
+    except TokenizerNotFoundError as err:
         raise CorpusError(f"tokenizer {name!r} cannot be loaded ({err})") from err
 
 
