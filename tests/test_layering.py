@@ -12,6 +12,7 @@ becomes a command), and the package imports neither benchmarks nor tests."""
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from pathlib import Path
 
@@ -187,3 +188,41 @@ def test_the_package_imports_no_script() -> None:
             offenders += [f"{path.relative_to(PACKAGE)}: {name}" for name in names
                           if name.split(".")[0] in ("benchmarks", "tests", "conftest")]
     assert not offenders, "the package imports scripts above it: " + ", ".join(offenders)
+
+
+TEST_HELPERS = {path.stem for path in (REPOSITORY / "tests").glob("*.py")} | {"tests"}
+
+
+def test_every_script_lives_in_benchmarks_or_tests() -> None:
+    """Code above the package is either a benchmark or a test: no script among data, docs or anywhere else."""
+    if not (REPOSITORY / ".git").exists():
+        return  # an installed package without its repository
+    tracked = subprocess.run(["git", "ls-files", "*.py"], cwd=REPOSITORY, capture_output=True, text=True,
+                             check=True).stdout.split()
+    elsewhere = [name for name in tracked if name.split("/")[0] not in ("src", "tests", "benchmarks")]
+    assert not elsewhere, f"scripts outside benchmarks/ and tests/ (move them to benchmarks/): {elsewhere}"
+
+
+def test_benchmarks_import_neither_tests_nor_each_other_round_a_circle() -> None:
+    """Benchmarks sit above the package and below the tests (tests load them): they may import the package and
+    each other, never a test or a test helper, and never round a circle."""
+    if not (REPOSITORY / "benchmarks").is_dir():
+        return
+    scripts = {path.stem: path for path in (REPOSITORY / "benchmarks").glob("*.py")}
+    graph: dict[str, set[str]] = {}
+    offenders = []
+    for name, path in sorted(scripts.items()):
+        graph[name] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            modules = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                       else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            for module in modules:
+                top = module.split(".")[0]
+                if top in TEST_HELPERS - set(scripts) or top == "tests":
+                    offenders.append(f"benchmarks/{path.name}: {module}")
+                if top == "benchmarks" and module.count("."):
+                    top = module.split(".")[1]
+                if top in scripts and top != name:
+                    graph[name].add(top)
+    assert not offenders, "benchmarks that import tests: " + ", ".join(offenders)
+    assert not import_circles(graph), f"benchmarks importing each other: {import_circles(graph)}"
