@@ -69,3 +69,79 @@ def test_an_unknown_command_is_a_usage_error(capsys) -> None:
         main(["trian"])
     assert exit_info.value.code == 2
     assert "invalid choice: 'trian'" in capsys.readouterr().err
+
+
+def every_help_argv(parser=None, prefix: tuple[str, ...] = ()) -> list[list[str]]:
+    """`[..., "--help"]` for every command and subcommand the parser knows, groups included."""
+    parser = parser or build_parser()
+    found = [[*prefix, "--help"]]
+    for action in parser._actions:
+        if action.__class__.__name__ == "_SubParsersAction":
+            for name, sub in action.choices.items():
+                found += every_help_argv(sub, (*prefix, name))
+    return found
+
+
+def test_every_help_shows_before_torch_transformers_or_lm_eval_load() -> None:
+    """All helps in one fresh interpreter, in turn: the first that loads a heavy library is named. `t2mlr eval
+    --help` ends in lm-eval's own help, so only lm-eval's light command-line module may load there."""
+    argvs = every_help_argv() + [["eval", "zero-shot", "--help"], ["eval", "run", "--help"]]  # eval's own words
+    argvs.sort(key=lambda argv: argv[0] == "eval")  # eval, which loads lm-eval's parser, last
+    assert ["experiment", "finetune", "--help"] in argvs and ["analyze", "placement", "--help"] in argvs
+    probe = (
+        "import contextlib, io, sys\nfrom t2mlr.cli import main\n"
+        f"for argv in {argvs!r}:\n"
+        "    with contextlib.redirect_stdout(io.StringIO()):\n"
+        "        try:\n            main(argv)\n        except SystemExit:\n            pass\n"
+        "    heavy = ('torch', 'transformers') + (() if argv[0] == 'eval' else ('lm_eval',))\n"
+        "    loaded = [m for m in heavy if m in sys.modules]\n"
+        "    if loaded:\n        print('LOADED', argv, loaded)\n        break\n"
+        "else:\n    print('LOADED none')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip().endswith("LOADED none"), out[-2000:]
+
+
+@pytest.mark.parametrize("overrides, said", [
+    (["optim.learning_rate=1"], "Did you mean 'lr'?"),
+    (["train.max_steps=0"], "train.max_steps must be >= 1"),
+    (["data.source=jsonl", "data.path={missing}"], "no such data file (data.path)"),
+    (["data.source=jsonl", "data.path={bad}"], ":2: invalid JSON at column 2"),
+    (["data.source=jsonl", "data.path={listed}"], ":1: expected a JSON object, got list"),
+])
+def test_train_reports_config_and_data_file_errors_before_torch_loads(tmp_path, overrides, said) -> None:
+    """`t2mlr train`'s config typos (outside the model section, whose keys are the architecture's) and bad data
+    files are reported at once, exit 2, before torch or transformers are imported."""
+    files = {"missing": tmp_path / "missing.jsonl", "bad": tmp_path / "bad.jsonl", "listed": tmp_path / "listed.jsonl"}
+    files["bad"].write_text('{"input_ids": [1, 2]}\n{oops\n', encoding="utf-8")
+    files["listed"].write_text("[1, 2]\n", encoding="utf-8")
+    argv = ["train", "debug", "--out", str(tmp_path / "run"), *(o.format(**files) for o in overrides)]
+    probe = (
+        "import sys\nfrom t2mlr.cli import main\n"
+        f"code = main({argv!r})\n"
+        "print('EXIT', code, 'LOADED', sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert "EXIT 2 LOADED []" in result.stdout and said in result.stderr, (result.stdout, result.stderr)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["s5-retrieval", "--preset", "tiny", "optim.lrr=1"], "Did you mean 'lr'?"),
+    (["s5-evidence", "--preset", "tiny", "task.dict_sise=3"], "Did you mean 'dict_size'?"),
+    (["finetune", "variable-assignment", "--preset", "tiny", "optim.learning_rate=1"], "Did you mean 'lr'?"),
+    (["retrofit", "--preset", "tiny", "train.max_stepz=2"], "Did you mean 'max_steps'?"),
+    (["pretrain", "--preset", "tiny", "task.eval_batchez=2"], "Did you mean 'eval_batches'?"),
+])
+def test_every_experiment_reports_a_config_typo_before_torch_loads(tmp_path, argv, said) -> None:
+    """`t2mlr experiment NAME --preset P key=value` takes `t2mlr train`'s dotted overrides with the same typo
+    errors (exit 2), for every experiment, and says so before torch or transformers are imported."""
+    argv = ["experiment", *argv, "--out", str(tmp_path / "out")]
+    probe = (
+        "import sys\nfrom t2mlr.cli import main\n"
+        f"code = main({argv!r})\n"
+        "print('EXIT', code, 'LOADED', sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert "EXIT 2 LOADED []" in result.stdout and said in result.stderr, (result.stdout, result.stderr)
+    assert not (tmp_path / "out").exists()

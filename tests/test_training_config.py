@@ -152,3 +152,15 @@ def test_schedule_warms_up_then_decays_to_floor() -> None:
     assert values[0] == pytest.approx(0.1) and values[9] == pytest.approx(1.0)
     assert all(a >= b for a, b in zip(values[9:], values[10:]))
     assert values[100] == pytest.approx(0.001) and values[119] == pytest.approx(0.001)
+
+
+def test_eval_recurrence_takes_the_model_s_path_names() -> None:
+    """training.config spells eval.recurrence's values itself (importing the model's config would load
+    transformers before a config error could be reported); they must stay the model's."""
+    import typing
+
+    from t2mlr.model.configuration import RECURRENCE_PATHS
+    from t2mlr.training.config import EvalConfig
+
+    literal = next(arg for arg in typing.get_args(typing.get_type_hints(EvalConfig)["recurrence"]) if arg is not type(None))
+    assert typing.get_args(literal) == RECURRENCE_PATHS

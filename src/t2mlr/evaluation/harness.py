@@ -172,10 +172,8 @@ def run_harness(argv: Sequence[str]) -> int:
         print(help_text(), flush=True)
         if not argv:
             argv = ["--help"]
-    from lm_eval._cli import HarnessCLI
+    from lm_eval._cli import HarnessCLI  # light: lm-eval's parser, without torch or transformers
     from lm_eval.utils import setup_logging
-
-    import t2mlr.evaluation.lm_eval_model  # noqa: F401  (registers "t2mlr")
 
     saved = sys.argv
     sys.argv = ["lm-eval", *argv]  # HarnessCLI reads sys.argv (it inserts "run" for the legacy form)
@@ -186,6 +184,8 @@ def run_harness(argv: Sequence[str]) -> int:
             args = cli.parse_args()
         except SystemExit as exit_:  # --help and usage errors: argparse has printed what to say
             return 0 if exit_.code is None else exit_.code if isinstance(exit_.code, int) else 1
+        import t2mlr.evaluation.lm_eval_model  # noqa: F401  (registers "t2mlr"; loads torch, so after --help)
+
         try:
             args = with_device(with_shipped_tasks(args))
         except ValueError as err:

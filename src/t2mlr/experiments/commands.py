@@ -53,9 +53,11 @@ def flag_overrides(args: argparse.Namespace, mapping: dict[str, Sequence[str]]) 
 
 
 def load(config: str, overrides: Sequence[str], task_class: type) -> tuple[Any, dict[str, Any]]:
-    """The task section and the trainer tree of an experiment config with overrides, both checked."""
-    from t2mlr.training.config import load_sections
+    """The task section and the trainer tree of an experiment config with overrides, both checked (all but the
+    model section's keys before torch loads: a typo is reported at once)."""
+    from t2mlr.training.config import check_before_loading, load_sections
 
+    check_before_loading(config, overrides, data_files=False, sections={"task": task_class})
     tree, sections = load_sections(config, overrides, {"task": task_class})
     return sections["task"], tree
 
@@ -203,7 +205,9 @@ study; finished runs are not retrained. Overrides apply to every variant's confi
 
 
 def _run_s5_evidence(args: argparse.Namespace) -> Any:
-    from t2mlr.experiments.s5_evidence import run_study
+    from t2mlr.experiments import s5
+    from t2mlr.experiments.s5_evidence import DESIGNS, run_study
+    from t2mlr.training.config import check_before_loading
 
     if args.steps is not None and args.steps < 1:
         raise ValueError(f"--steps must be >= 1, got {args.steps}")
@@ -211,6 +215,8 @@ def _run_s5_evidence(args: argparse.Namespace) -> Any:
         raise ValueError(f"--checkpoint-every must be >= 0 (0: only at the end), got {args.checkpoint_every}")
     overrides = flag_overrides(args, {"steps": ("train.max_steps", "task.baseline_steps"),
                                       "checkpoint_every": ("checkpoint.every",), "device": ("train.device",)})
+    for variant in DESIGNS.get(args.preset, ()):  # a typo is reported before torch loads
+        check_before_loading(s5.config_name(variant.preset), overrides, data_files=False, sections={"task": s5.S5Task})
     return run_study(args.preset, args.seeds, args.out, report=args.report, workers=args.workers,
                      analyses=not args.skip_analyses, overrides=overrides, cost_rounds=args.cost_rounds,
                      decode_rounds=args.decode_rounds)

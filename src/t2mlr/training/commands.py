@@ -111,15 +111,24 @@ def train_overrides(args: argparse.Namespace) -> list[str]:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from t2mlr.training.checkpoint import CheckpointError
-    from t2mlr.training.config import ConfigError, load_config
-    from t2mlr.training.data import DataError
-    from t2mlr.training.trainer import NonFiniteLossError, train
+    from t2mlr.training.config import ConfigError, check_before_loading, load_config
+    from t2mlr.training.data_files import DataError
 
     refusal = launch_refusal(args)
     if refusal is not None:
         print(f"t2mlr train: {refusal}", file=sys.stderr)
         return 2
+    try:  # before torch loads: a typo or a bad data file is reported at once
+        check_before_loading(args.config, train_overrides(args), data_files=not args.dry_run)
+    except ConfigError as err:
+        print(f"t2mlr train: config error: {err}", file=sys.stderr)
+        return 2
+    except DataError as err:
+        print(f"t2mlr train: {err}", file=sys.stderr)
+        return 2
+    from t2mlr.training.checkpoint import CheckpointError
+    from t2mlr.training.trainer import NonFiniteLossError, train
+
     try:
         cfg = load_config(args.config, train_overrides(args))
     except ConfigError as err:
@@ -151,8 +160,6 @@ def launch_refusal(args: argparse.Namespace) -> str | None:
     `--parallel ddp|fsdp` outside torchrun is refused: the run would train in one process, not the data
     parallelism asked for (a config that sets train.parallel still runs single-process, so a run directory's
     recorded config resumes either way)."""
-    from t2mlr.training.distributed import launched_by_torchrun
-
     sizing_only = [flag for flag, given in (("--devices", args.devices is not None), ("--gpu", args.gpu is not None),
                                             ("--mfu", args.mfu is not None), ("--json", args.json)) if given]
     if args.dry_run:
@@ -166,11 +173,17 @@ def launch_refusal(args: argparse.Namespace) -> str | None:
         return f"{', '.join(sizing_only)} {verb} to --dry-run only (a real run's devices are torchrun's processes)"
     if args.out is None:
         return "--out is required (the run directory), unless --dry-run"
-    if args.parallel in ("ddp", "fsdp") and not launched_by_torchrun():
+    if args.parallel in ("ddp", "fsdp") and not _launched_by_torchrun():
         return (f"--parallel {args.parallel} needs torchrun (one process per device), e.g. `torchrun "
                 f"--nproc_per_node 4 -m t2mlr train {args.config} --out {args.out} --parallel {args.parallel}`; "
                 "this is a single process (drop --parallel to train in one)")
     return None
+
+
+def _launched_by_torchrun() -> bool:
+    from t2mlr.training.distributed import launched_by_torchrun  # imports torch: only for --parallel ddp|fsdp
+
+    return launched_by_torchrun()
 
 
 def run_dry_run(args: argparse.Namespace, cfg: Any) -> int:

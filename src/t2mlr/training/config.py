@@ -26,7 +26,6 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from t2mlr.model.configuration import RecurrencePath, build_base_config
 from t2mlr.utils import check_known_names, nearest_name, signature_fields
 
 PRESET_DIRS = (
@@ -247,7 +246,7 @@ class EvalConfig:
     every: int = 0
     max_batches: int = 8
     batch_size: int = 8
-    recurrence: RecurrencePath | None = None
+    recurrence: Literal["exact", "jacobi", "off"] | None = None  # the model's RECURRENCE_PATHS (a test checks)
     data: DataConfig | None = None
 
 
@@ -612,13 +611,42 @@ def dataset_kwargs(cfg: DataConfig) -> dict[str, Any]:
 def validate(cfg: TrainConfig) -> None:
     """Cross-field checks that types alone cannot express."""
     _validate_model(cfg.model)
-    _validate_data(cfg.data, "data")
-    if cfg.eval.data is not None:
-        _validate_data(cfg.eval.data, "eval.data")
-    if cfg.eval.every > 0 and cfg.eval.data is None:
-        raise ConfigError("eval.every > 0 needs an eval.data section (evaluating on training data would mislead)")
+    _validate_run(cfg)
     if cfg.eval.recurrence is not None and cfg.model.arch != "t2mlr":
         raise ConfigError(f"eval.recurrence applies to T²MLR models only; model.arch is {cfg.model.arch!r}")
+    if cfg.train.warm_start_states and (cfg.model.arch != "t2mlr" or cfg.model.setting("train_recurrence") != "jacobi"):
+        raise ConfigError(
+            "train.warm_start_states starts the Jacobi iteration from stored states: it needs model.arch t2mlr with "
+            f"model.train_recurrence jacobi (got arch {cfg.model.arch!r}, train_recurrence "
+            f"{cfg.model.setting('train_recurrence')!r})"
+        )
+
+
+def check_before_loading(name_or_path: str | Path, overrides: Sequence[str], data_files: bool = True,
+                         sections: Mapping[str, type] | None = None) -> None:
+    """What can be checked before torch and transformers load (seconds instead of tens of them, so a typo or a bad
+    data file is reported at once): the file, the overrides, every key and type of each section but `model` (whose
+    keys are the architecture's) and of the further `sections` (as in `load_sections`), the rules among them, and
+    (with `data_files`) the data files (`t2mlr.training.data_files`). `load_config` then checks the rest."""
+    from t2mlr.training.data_files import check_data_files
+
+    tree = apply_overrides(load_yaml_tree(resolve_config_path(name_or_path)), list(overrides))
+    for name, cls in (sections or {}).items():
+        from_dict(cls, tree.pop(name, None) or {}, f"{name}.")
+    cfg = from_dict(TrainConfig, {key: value for key, value in tree.items() if key != "model"})
+    _validate_run(cfg, factory_kwargs=False)
+    if data_files:
+        check_data_files(cfg)
+
+
+def _validate_run(cfg: TrainConfig, factory_kwargs: bool = True) -> None:
+    """The checks of every section but the model's; `factory_kwargs` also checks a synthetic or factory dataset's
+    kwargs against its signature (which imports the factory's module)."""
+    _validate_data(cfg.data, "data", factory_kwargs)
+    if cfg.eval.data is not None:
+        _validate_data(cfg.eval.data, "eval.data", factory_kwargs)
+    if cfg.eval.every > 0 and cfg.eval.data is None:
+        raise ConfigError("eval.every > 0 needs an eval.data section (evaluating on training data would mislead)")
     t = cfg.train
     for name in ("max_steps", "global_batch_size", "micro_batch_size"):
         if getattr(t, name) < 1:
@@ -627,12 +655,6 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(
             f"train.global_batch_size ({t.global_batch_size}) must be a multiple of train.micro_batch_size "
             f"({t.micro_batch_size})"
-        )
-    if t.warm_start_states and (cfg.model.arch != "t2mlr" or cfg.model.setting("train_recurrence") != "jacobi"):
-        raise ConfigError(
-            "train.warm_start_states starts the Jacobi iteration from stored states: it needs model.arch t2mlr with "
-            f"model.train_recurrence jacobi (got arch {cfg.model.arch!r}, train_recurrence "
-            f"{cfg.model.setting('train_recurrence')!r})"
         )
     if t.warm_start_states and t.parallel != "none":
         raise ConfigError("train.warm_start_states keeps one process's store of states: use train.parallel none")
@@ -647,6 +669,7 @@ def validate(cfg: TrainConfig) -> None:
 def _validate_model(m: ModelConfig) -> None:
     """The base config by its own class, the architecture's settings against it (by the architecture's
     config class), and the trainer's own model keys."""
+    from t2mlr.model.configuration import build_base_config
     from t2mlr.training.architectures import checkpointing_refusal, get_architecture
 
     if (m.base is None) == (m.pretrained is None):
@@ -673,7 +696,7 @@ def _validate_model(m: ModelConfig) -> None:
         )
 
 
-def _validate_data(d: DataConfig, where: str) -> None:
+def _validate_data(d: DataConfig, where: str, factory_kwargs: bool = True) -> None:
     if d.seq_len < 2:
         raise ConfigError(f"{where}.seq_len must be >= 2, got {d.seq_len}")
     if d.source in ("jsonl", "shards") and not d.path:
@@ -681,6 +704,8 @@ def _validate_data(d: DataConfig, where: str) -> None:
     if d.source == "factory" and (not d.factory or ":" not in d.factory):
         raise ConfigError(f"{where}.source=factory needs {where}.factory = 'package.module:function'")
     if d.source in ("synthetic", "factory"):
+        if not factory_kwargs:
+            return
         try:
             dataset_kwargs(d)
         except ValueError as err:

@@ -30,7 +30,6 @@ its own share of each global batch from it.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +42,7 @@ from tqdm.auto import tqdm
 
 from t2mlr.model.layout import positions_within_documents
 from t2mlr.training.config import DataConfig, dataset_callable, dataset_kwargs
+from t2mlr.training.data_files import DataError, existing_data_file, json_object
 from t2mlr.utils import (
     IGNORE_INDEX,
     TokenizerNotFoundError,
@@ -51,35 +51,6 @@ from t2mlr.utils import (
 
 # ---------------------------------------------------------------------------------------------
 # Data errors
-
-
-class DataError(ValueError):
-    """Bad training data, said where it is: the file, the 1-based line and the field where known.
-
-    A `ValueError`, so code that already treats bad input as one keeps working; the command line maps
-    it to exit code 2 (bad input), never to 1 (which means a non-finite loss).
-    """
-
-    def __init__(self, message: str, path: str | Path | None = None, line: int | None = None) -> None:
-        self.path = None if path is None else str(path)
-        self.line = line
-        if self.path is not None:
-            message = f"{self.path}:{line}: {message}" if line is not None else f"{self.path}: {message}"
-        super().__init__(message)
-
-
-def _existing_data_file(path: str | Path | None, setting: str) -> Path:
-    """The data file `setting` names, refused with a DataError when it is unset, missing, a directory or empty."""
-    if path is None or str(path) == "":
-        raise DataError(f"{setting} is not set: name the data file to read")
-    file = Path(path)
-    if not file.exists():
-        raise DataError(f"no such data file ({setting})", file)
-    if not file.is_file():
-        raise DataError(f"is not a file ({setting} must name a data file)", file)
-    if file.stat().st_size == 0:
-        raise DataError("the data file is empty", file)
-    return file
 
 
 def _out_of_range(ids: np.ndarray, vocab_size: int | None) -> int | None:
@@ -174,7 +145,7 @@ def read_jsonl_documents(
     negative ids without a `vocab_size`), a text line without a tokenizer. A missing or empty file fails
     on the call itself; a file with only blank lines when the lines run out.
     """
-    file = _existing_data_file(path, "the jsonl data path")
+    file = existing_data_file(path, "the jsonl data path")
     eos = eos_token_id if eos_token_id is not None else getattr(tokenizer, "eos_token_id", None)
     if vocab_size is not None and append_eos and eos is not None and not 0 <= eos < vocab_size:
         raise DataError(f"the end-of-text id {eos} is outside the model's vocabulary [0, {vocab_size})", file)
@@ -200,19 +171,9 @@ def _jsonl_documents(file: Path, tokenizer: Any | None, fields: _JsonlFields) ->
             if not line.strip():
                 continue
             data_lines += 1
-            yield _line_tokens(_json_object(line, file, line_no), tokenizer, fields, file, line_no)
+            yield _line_tokens(json_object(line, file, line_no), tokenizer, fields, file, line_no)
     if data_lines == 0:
         raise DataError("the data file has only blank lines: no documents", file)
-
-
-def _json_object(line: str, file: Path, line_no: int) -> dict[str, Any]:
-    try:
-        record = json.loads(line.rstrip("\r\n"))  # without the newline, the column is the file's column
-    except json.JSONDecodeError as err:
-        raise DataError(f"invalid JSON at column {err.colno}: {err.msg}", file, line_no) from err
-    if not isinstance(record, dict):
-        raise DataError(f"expected a JSON object, got {type(record).__name__}", file, line_no)
-    return record
 
 
 def _line_tokens(record: dict[str, Any], tokenizer: Any | None, fields: _JsonlFields, file: Path,
@@ -343,7 +304,7 @@ def build_dataset(cfg: DataConfig, vocab_size: int | None = None, sample_rows: i
         tokenizer = _data_tokenizer(cfg, name)
         if tokenizer is not None and cfg.append_eos and cfg.eos_token_id is None and tokenizer.eos_token_id is None:
             raise ValueError(f"{name}.append_eos is set but the tokenizer has no eos token: set {name}.eos_token_id")
-        file = _existing_data_file(cfg.path, f"{name}.path")
+        file = existing_data_file(cfg.path, f"{name}.path")
         docs = read_jsonl_documents(file, tokenizer, cfg.text_field, cfg.ids_field, cfg.append_eos,
                                     cfg.eos_token_id, vocab_size)
         return pack_documents(docs, cfg.seq_len, source=str(file))

@@ -21,14 +21,22 @@ def run_with_exit_codes(command: str, work: Callable[[], T]) -> tuple[int, T | N
     """Run `work()` and map its failures to the shared exit codes, the message on stderr after `command`.
 
     Returns (exit code, what `work` returned, or None when it failed)."""
-    from t2mlr.training.checkpoint import CheckpointError
-    from t2mlr.training.trainer import NonFiniteLossError
-
     try:
         return DONE, work()
-    except NonFiniteLossError as err:
-        print(f"{command}: training stopped: {err}", file=sys.stderr)
-        return TRAINING_STOPPED, None
-    except (ValueError, FileExistsError, FileNotFoundError, CheckpointError) as err:
+    except (ValueError, FileExistsError, FileNotFoundError) as err:
         print(f"{command}: {err}", file=sys.stderr)
         return BAD_INPUT, None
+    except RuntimeError as err:
+        if _raised_by(err, "t2mlr.training.trainer", "NonFiniteLossError"):
+            print(f"{command}: training stopped: {err}", file=sys.stderr)
+            return TRAINING_STOPPED, None
+        if _raised_by(err, "t2mlr.training.checkpoint", "CheckpointError"):
+            print(f"{command}: {err}", file=sys.stderr)
+            return BAD_INPUT, None
+        raise
+
+
+def _raised_by(err: BaseException, module: str, name: str) -> bool:
+    """Whether `err` is `module.name`, without importing the module (it imports torch): an error of a module that
+    has not been imported cannot have been raised, so a config error is reported before torch loads."""
+    return module in sys.modules and isinstance(err, getattr(sys.modules[module], name))
