@@ -29,6 +29,7 @@ from t2mlr.analysis.common import (
     validation_loss,
 )
 from t2mlr.analysis.report import table, write_result
+from t2mlr.model.configuration import check_block_range
 from t2mlr.training.arms import arm_from_tree, config_tree, matched_arm, train_arms, validation_batches
 from t2mlr.training.config import config_from_tree
 from t2mlr.training.model_factory import base_config
@@ -71,9 +72,11 @@ def placements(num_layers: int, starts: Sequence[int | str], width: int | None =
         else:
             s = start
         e = num_layers + 1 - s if width is None else s + width - 1
-        if not 1 <= s <= e <= num_layers:
+        try:
+            check_block_range(s, e, num_layers, ("l_start", "l_end"))
+        except ValueError as err:
             need = f"l_start <= {(num_layers + 1) // 2}" if width is None else f"l_start <= {num_layers - width + 1}"
-            raise ValueError(f"--starts {start}: placement ({s},{e}) does not fit a {num_layers}-block model ({need})")
+            raise ValueError(f"--starts {start}: placement ({s},{e}) does not fit ({need}): {err}") from err
         result.append((s, e))
     return list(dict.fromkeys(result))
 
