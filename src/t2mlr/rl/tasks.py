@@ -25,8 +25,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import torch
-from torch.utils.data import Dataset
 
 from t2mlr.tasks.arithmetic import ArithmeticSettings, iter_arithmetic_problems
 from t2mlr.tasks.loaders import normalise_cot_record
@@ -37,7 +35,7 @@ from t2mlr.tasks.scoring import (
     score_s5_prediction,
     variable_assignment_exact_match,
 )
-from t2mlr.tasks.sft import sft_row
+from t2mlr.tasks.sft import SFTDataset
 from t2mlr.tasks.tokenizers import build_s5_tokenizer, build_word_tokenizer
 from t2mlr.tasks.variable_assignment import HEADER, iter_variable_assignment
 
@@ -260,33 +258,21 @@ class TaskReward:
         return [self.task.reward(text, json.loads(sample)) for text, sample in zip(completions, columns[SAMPLE_COLUMN])]
 
 
-class VariableAssignmentSFT(Dataset):
-    """Supervised rows for `t2mlr train` (`data.source: factory`): prompt, answer digit, end-of-text.
+class VariableAssignmentSFT(SFTDataset):
+    """Supervised rows for `t2mlr train` (`data.source: factory`): prompt, answer digit, end-of-text, as every
+    finetune's rows (`t2mlr.tasks.sft`), without a BOS (the task's tokenizer has none).
 
     Only the answer and the end-of-text token are scored (labels -100 on the prompt), so the model learns
     what the RL reward checks. Every row of one setting has the same length (each assignment line is four
     symbols), so batches need no padding. `seq_len` is accepted for the trainer and must cover a row.
     """
 
-    labels_aligned_to_inputs = False
-
     def __init__(self, num_samples: int, depth: int = 5, num_constants: int = 3, num_distractors: int = 2,
                  seed: int = 0, seq_len: int = 2048, stream: str = "train") -> None:
         self.task = VariableAssignmentTask(depth, num_constants, num_distractors, seed)
-        self.tokenizer = self.task.tokenizer
-        self.rows = [self._encode(sample) for sample in self.task.prompts(0, num_samples, stream)]
-        longest = max((len(row["input_ids"]) for row in self.rows), default=0)
-        if longest > seq_len:
-            raise ValueError(f"rows have {longest} tokens but seq_len is {seq_len}; raise data.seq_len")
-
-    def _encode(self, sample: dict[str, Any]) -> dict[str, torch.Tensor]:
-        return sft_row(self.tokenizer, sample["prompt"], sample["answer"], bos=False)
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        return self.rows[index]
+        records = [{"prompt": sample["prompt"], "target": sample["answer"]}
+                   for sample in self.task.prompts(0, num_samples, stream)]
+        super().__init__(records, self.task.tokenizer, bos=False, max_length=seq_len)
 
 
 def variable_assignment_sft(num_samples: int, depth: int = 5, num_constants: int = 3, num_distractors: int = 2,
