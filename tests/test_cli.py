@@ -132,10 +132,12 @@ def test_train_reports_config_and_data_file_errors_before_torch_loads(tmp_path, 
     (["finetune", "variable-assignment", "--preset", "tiny", "optim.learning_rate=1"], "Did you mean 'lr'?"),
     (["retrofit", "--preset", "tiny", "train.max_stepz=2"], "Did you mean 'max_steps'?"),
     (["pretrain", "--preset", "tiny", "task.eval_batchez=2"], "Did you mean 'eval_batches'?"),
+    (["finetune", "hotpotqa", "--preset", "tiny", "--data", "no/such/file.jsonl"], "is neither a local file"),
 ])
 def test_every_experiment_reports_a_config_typo_before_torch_loads(tmp_path, argv, said) -> None:
     """`t2mlr experiment NAME --preset P key=value` takes `t2mlr train`'s dotted overrides with the same typo
-    errors (exit 2), for every experiment, and says so before torch or transformers are imported."""
+    errors (exit 2), for every experiment, and says so before torch or transformers are imported (a finetune's
+    missing data file too)."""
     argv = ["experiment", *argv, "--out", str(tmp_path / "out")]
     probe = (
         "import sys\nfrom t2mlr.cli import main\n"

@@ -270,6 +270,7 @@ ARM=DIR pairs, one per arm. Exit codes: 0 done, 1 training stopped (non-finite l
 
 def _run_finetune(args: argparse.Namespace) -> Any:
     from t2mlr.experiments import finetune
+    from t2mlr.tasks.reasoning import check_data_source, get_task
 
     name = finetune.config_name(args.preset, args.task)
     if not (EXPERIMENT_CONFIGS / f"{Path(name).name}.yaml").is_file():
@@ -283,6 +284,8 @@ def _run_finetune(args: argparse.Namespace) -> Any:
                                       "prefill": ("task.prefill",), "eval_batch_size": ("eval.batch_size",),
                                       "recurrence_mask_policy": ("model.recurrence_mask_policy",),
                                       "device": ("train.device",)})
+    if get_task(args.task).needs_data:  # a missing data file is reported before torch loads
+        check_data_source(args.task, args.data, args.variant)
     task, tree = load(name, overrides, finetune.FinetuneTask)
     plan = finetune.make_plan(args.preset, task, tree, args.arms, args.from_, args.retrofit, args.data, args.variant,
                               args.prefill_depth)

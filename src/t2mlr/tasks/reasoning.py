@@ -170,7 +170,10 @@ def _normalised(records: list[dict[str, Any]], source: str) -> list[dict[str, st
     return [normalise_cot_record(r, f"{source} record {i}") for i, r in enumerate(records)]
 
 
-def _from_data(task: str, data: str | None, variant: str | None, eval_size: int) -> tuple[list, list]:
+def check_data_source(task: str, data: str | None, variant: str | None) -> bool:
+    """Whether `data` names a published hub set (else it is a local file or directory), refused when a task that
+    reads data has none, the hub set is the other variant's, or the local path does not exist: checks that need
+    nothing loaded, so the command line makes them before torch loads."""
     if data is None:
         raise ValueError(f"task {task} needs --data (a local .jsonl/.parquet file or directory"
                          + (f", or the hub set {GSM_AUG_HUB[variant or 'symbolic']}" if task == "gsm-aug" else "") + ")")
@@ -178,6 +181,14 @@ def _from_data(task: str, data: str | None, variant: str | None, eval_size: int)
         if data != GSM_AUG_HUB[variant or "symbolic"]:
             raise ValueError(f"--data {data} is the {'nl' if data.endswith('nl') else 'symbolic'} set but --variant "
                              f"is {variant!r}")
+        return True
+    if not Path(data).exists():
+        raise ValueError(f"data {data!r} is neither a local file or directory nor a published hub set")
+    return False
+
+
+def _from_data(task: str, data: str | None, variant: str | None, eval_size: int) -> tuple[list, list]:
+    if check_data_source(task, data, variant):
         return load_gsm_aug(split="train", variant=variant), load_gsm_aug(split="test", variant=variant)
     train_raw, test_raw = _split_file(Path(data))
     train = _normalised(train_raw, f"{data} (train)")
