@@ -147,3 +147,14 @@ def test_every_experiment_reports_a_config_typo_before_torch_loads(tmp_path, arg
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert "EXIT 2 LOADED []" in result.stdout and said in result.stderr, (result.stdout, result.stderr)
     assert not (tmp_path / "out").exists()
+
+
+def test_rl_grpo_reports_a_config_typo_before_torch_loads(tmp_path) -> None:
+    argv = ["rl", "grpo", "grpo_tiny", "--out", str(tmp_path / "run"), "grpo.group_sise=4"]
+    probe = (
+        "import sys\nfrom t2mlr.cli import main\n"
+        f"code = main({argv!r})\n"
+        "print('EXIT', code, 'LOADED', sorted(m for m in ('torch', 'transformers', 'trl') if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert "EXIT 2 LOADED []" in result.stdout and "Did you mean 'group_size'?" in result.stderr, result.stderr

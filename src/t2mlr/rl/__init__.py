@@ -13,7 +13,7 @@ from t2mlr.utils import lazy_names
 _HOMES = {
     "T2MLRGRPOConfig": "trainer", "T2MLRGRPOTrainer": "trainer", "RolloutStates": "trainer",
     "TASKS": "tasks", "TaskReward": "tasks", "build_task": "tasks", "prompt_dataset": "tasks",
-    "GrpoConfig": "grpo", "load_grpo_config": "grpo", "run_grpo": "grpo",
+    "GrpoConfig": "config", "load_grpo_config": "grpo", "run_grpo": "grpo",
 }
 
 __all__ = sorted(_HOMES)

@@ -43,13 +43,18 @@ def register(subparsers: Any) -> None:
 
 
 def run_grpo_command(args: argparse.Namespace) -> int:
-    import torch
-
-    from t2mlr.rl.grpo import load_grpo_config, run_grpo
+    from t2mlr.rl.config import check_grpo_before_loading
     from t2mlr.training.exit_codes import run_with_exit_codes
 
     if args.threads < 1:
         raise SystemExit(f"--threads must be >= 1, got {args.threads}")
+    code, _ = run_with_exit_codes("t2mlr rl grpo", lambda: check_grpo_before_loading(args.config, args.overrides))
+    if code:  # a typo is reported before torch and TRL load
+        return code
+    import torch
+
+    from t2mlr.rl.grpo import load_grpo_config, run_grpo
+
     torch.set_num_threads(args.threads)
     code, records = run_with_exit_codes("t2mlr rl grpo", lambda: run_grpo(
         load_grpo_config(args.config, args.overrides), args.out, resume=args.resume, stop_after=args.stop_after))

@@ -25,27 +25,14 @@ from __future__ import annotations
 import logging
 import math
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 
+from t2mlr.rl.config import GrpoConfig, GrpoSettings, grpo_config_tree
 from t2mlr.rl.tasks import TASKS, VerifiableTask, build_task
-from t2mlr.training.config import (
-    CheckpointConfig,
-    ConfigError,
-    LoggingConfig,
-    ModelConfig,
-    OptimConfig,
-    ScheduleConfig,
-    apply_overrides,
-    changed_settings,
-    from_dict,
-    load_yaml_tree,
-    resolve_config_path,
-    to_plain,
-)
+from t2mlr.training.config import ConfigError, changed_settings, from_dict
 
 log = logging.getLogger("t2mlr.rl.grpo")
 
@@ -58,80 +45,9 @@ LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 
 
 # ------------------------------------------------------------------------------------------- config
-@dataclass
-class TaskConfig:
-    """The verifiable task (`t2mlr.rl.tasks.TASKS`) and its generator's settings."""
-
-    name: str = "variable_assignment"
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    seed: int = 0
-
-
-@dataclass
-class GrpoSettings:
-    """The algorithm's knobs, in TRL's terms where the names differ: group_size = num_generations,
-    max_new_tokens = max_completion_length, iterations = num_iterations (μ), micro_batch_size =
-    per_device_train_batch_size. `scale_rewards`: divide the advantages by the group's std (TRL's "group")
-    or not ("none")."""
-
-    prompts_per_step: int = 8
-    group_size: int = 8
-    max_new_tokens: int = 2
-    temperature: float = 1.0
-    top_k: int = 0
-    epsilon: float = 0.2
-    epsilon_high: float | None = None  # None: epsilon (symmetric clip)
-    beta: float = 0.0
-    iterations: int = 1
-    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "grpo"
-    scale_rewards: bool = True
-    replay_depth: int = 4  # d_backward of the replayed update (its BPTT window)
-    micro_batch_size: int = 64  # completions per forward/backward and process
-    gradient_checkpointing: bool = False
-
-
-@dataclass
-class RlLoopConfig:
-    max_steps: int = 100
-    seed: int = 0
-    device: Literal["auto", "cpu", "cuda"] = "cpu"
-    precision: Literal["fp32", "bf16"] = "fp32"
-
-
-@dataclass
-class RlEvalConfig:
-    """Greedy accuracy on the task's "eval" stream every `every` steps (0: never), and before step 1."""
-
-    every: int = 0
-    num_prompts: int = 64
-    batch_size: int = 64
-
-
-@dataclass
-class GrpoConfig:
-    """A GRPO run. The policy is either `policy` (a saved model directory: a `t2mlr train` run's final/ or
-    checkpoint, with its tokenizer) or `model` (a trainer `model:` section: a fresh model, for tests and
-    smoke runs; the task's tokenizer is used)."""
-
-    policy: str | None = None
-    model: ModelConfig | None = None
-    task: TaskConfig = field(default_factory=TaskConfig)
-    grpo: GrpoSettings = field(default_factory=GrpoSettings)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    schedule: ScheduleConfig = field(default_factory=lambda: ScheduleConfig(kind="constant"))
-    train: RlLoopConfig = field(default_factory=RlLoopConfig)
-    eval: RlEvalConfig = field(default_factory=RlEvalConfig)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    logging: LoggingConfig = field(default_factory=LoggingConfig)
-
-    def to_dict(self) -> dict[str, Any]:
-        return to_plain(self)
-
-
 def load_grpo_config(name_or_path: str | Path, overrides: list[str] | None = None) -> GrpoConfig:
     """A YAML file or preset (configs/), with dotted overrides; unknown keys and bad values fail here."""
-    tree = apply_overrides(load_yaml_tree(resolve_config_path(name_or_path)), list(overrides or []))
-    cfg = from_dict(GrpoConfig, tree)
+    cfg = from_dict(GrpoConfig, grpo_config_tree(name_or_path, overrides))
     validate_grpo(cfg)
     return cfg
 
