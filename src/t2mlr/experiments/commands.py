@@ -57,7 +57,7 @@ def load(config: str, overrides: Sequence[str], task_class: type) -> tuple[Any, 
     model section's keys before torch loads: a typo is reported at once)."""
     from t2mlr.training.config import check_before_loading, load_sections
 
-    check_before_loading(config, overrides, data_files=False, sections={"task": task_class})
+    check_before_loading(config, overrides, data_files=False, sections={"task": task_class}, rules=False)
     tree, sections = load_sections(config, overrides, {"task": task_class})
     return sections["task"], tree
 
@@ -216,7 +216,8 @@ def _run_s5_evidence(args: argparse.Namespace) -> Any:
     overrides = flag_overrides(args, {"steps": ("train.max_steps", "task.baseline_steps"),
                                       "checkpoint_every": ("checkpoint.every",), "device": ("train.device",)})
     for variant in DESIGNS.get(args.preset, ()):  # a typo is reported before torch loads
-        check_before_loading(s5.config_name(variant.preset), overrides, data_files=False, sections={"task": s5.S5Task})
+        check_before_loading(s5.config_name(variant.preset), overrides, data_files=False, sections={"task": s5.S5Task},
+                             rules=False)
     return run_study(args.preset, args.seeds, args.out, report=args.report, workers=args.workers,
                      analyses=not args.skip_analyses, overrides=overrides, cost_rounds=args.cost_rounds,
                      decode_rounds=args.decode_rounds)

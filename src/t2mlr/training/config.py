@@ -623,18 +623,20 @@ def validate(cfg: TrainConfig) -> None:
 
 
 def check_before_loading(name_or_path: str | Path, overrides: Sequence[str], data_files: bool = True,
-                         sections: Mapping[str, type] | None = None) -> None:
+                         sections: Mapping[str, type] | None = None, rules: bool = True) -> None:
     """What can be checked before torch and transformers load (seconds instead of tens of them, so a typo or a bad
     data file is reported at once): the file, the overrides, every key and type of each section but `model` (whose
-    keys are the architecture's) and of the further `sections` (as in `load_sections`), the rules among them, and
-    (with `data_files`) the data files (`t2mlr.training.data_files`). `load_config` then checks the rest."""
+    keys are the architecture's) and of the further `sections` (as in `load_sections`), with `rules` the rules among
+    them (not for an experiment's config, whose data section the experiment fills in), and with `data_files` the
+    data files (`t2mlr.training.data_files`). `load_config` then checks the rest."""
     from t2mlr.training.data_files import check_data_files
 
     tree = apply_overrides(load_yaml_tree(resolve_config_path(name_or_path)), list(overrides))
     for name, cls in (sections or {}).items():
         from_dict(cls, tree.pop(name, None) or {}, f"{name}.")
     cfg = from_dict(TrainConfig, {key: value for key, value in tree.items() if key != "model"})
-    _validate_run(cfg, factory_kwargs=False)
+    if rules:
+        _validate_run(cfg, factory_kwargs=False)
     if data_files:
         check_data_files(cfg)
 
