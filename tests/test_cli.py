@@ -158,3 +158,14 @@ def test_rl_grpo_reports_a_config_typo_before_torch_loads(tmp_path) -> None:
     )
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert "EXIT 2 LOADED []" in result.stdout and "Did you mean 'group_size'?" in result.stderr, result.stderr
+
+
+def test_generate_reports_a_missing_model_directory_before_torch_loads(tmp_path) -> None:
+    argv = ["generate", str(tmp_path / "no_model"), "--prompt", "hi"]
+    probe = (
+        "import sys\nfrom t2mlr.cli import main\n"
+        f"code = main({argv!r})\n"
+        "print('EXIT', code, 'LOADED', sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert "EXIT 2 LOADED []" in result.stdout and "does not exist" in result.stderr, result.stderr

@@ -36,7 +36,8 @@ JOINED_SUBCOMMANDS: dict[str, tuple[tuple[str, str], ...]] = {
     "data": (("t2mlr.corpus.commands", "add_data_commands"),),
 }
 # Commands that load saved models also load every model type the library defines (the baselines register
-# theirs with the Auto classes when imported), so a saved baseline loads like a T²MLR model.
+# theirs with the Auto classes when imported), so a saved baseline loads like a T²MLR model: the command calls
+# `args.load_model_types()` once it has checked its input, so a bad path is reported before torch loads.
 LOADS_SAVED_MODELS = {"generate": ("t2mlr.baselines",)}
 DESCRIPTION = "T²MLR: Transformer with Temporal Middle-Layer Recurrence. `t2mlr COMMAND --help` explains a command."
 
@@ -77,8 +78,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = _command_of(argv)
     parser = build_parser(command) if command is not None else _summary_parser()
     args = parser.parse_args(argv)  # --help and argument errors end here, before anything heavy loads
-    for module in LOADS_SAVED_MODELS.get(command, ()):
-        importlib.import_module(module)
+    if command in LOADS_SAVED_MODELS:
+        args.load_model_types = lambda: [importlib.import_module(module) for module in LOADS_SAVED_MODELS[command]]
     return int(args.func(args) or 0)
 
 

@@ -98,13 +98,20 @@ def settings_from_args(args: argparse.Namespace) -> "GenerationSettings":
 
 def run_generate(args: argparse.Namespace) -> int:
     """Load, generate with streaming, end with a newline. Setup problems exit with code 2 and one line."""
-    from transformers import TextStreamer
-
     from t2mlr.generation.loading import (
         ModelDirectoryError,
         check_model_dir,
         load_model,
     )
+
+    try:  # a missing or empty directory is reported before torch and transformers load
+        check_model_dir(args.model_dir)
+    except ModelDirectoryError as err:
+        print(f"t2mlr generate: error: {err}", file=sys.stderr)
+        return 2
+    getattr(args, "load_model_types", lambda: None)()  # `t2mlr generate`: every model type the library defines
+    from transformers import TextStreamer
+
     from t2mlr.generation.text import generate_text
     from t2mlr.utils import load_tokenizer
 

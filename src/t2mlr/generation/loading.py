@@ -8,11 +8,13 @@ that holds none.
 from __future__ import annotations
 
 from pathlib import Path
-
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from typing import TYPE_CHECKING
 
 import t2mlr.model  # noqa: F401  (registers the "t2mlr" model type with the Auto classes)
 from t2mlr.utils import resolve_device, resolve_dtype
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 __all__ = ["ModelDirectoryError", "check_model_dir", "load_model"]
 
@@ -33,6 +35,8 @@ def check_model_dir(model_dir: str | Path) -> Path:
 
 def load_model(model_dir: str | Path, device: str = "auto", dtype: str = "auto") -> PreTrainedModel:
     """The saved causal LM (T²MLR or a plain transformers model), in eval mode on `device`."""
+    from transformers import AutoModelForCausalLM  # here: check_model_dir answers before transformers loads
+
     path = check_model_dir(model_dir)
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=resolve_dtype(dtype))
     return model.to(resolve_device(device)).eval()
