@@ -102,6 +102,16 @@ COVERED_BY = {
         "tests/test_sizing.py::test_every_dry_run_in_docs_scale_runs_as_written",
     "t2mlr train smollm2_135m_13_18 --dry-run --devices 2 --gpu a10g --mfu 0.2 train.micro_batch_size=2":
         "tests/test_sizing.py::test_every_dry_run_in_docs_scale_runs_as_written",
+    "t2mlr experiment finetune gsm-aug --preset paper --dry-run --devices 4 --gpu h100":
+        "tests/test_sizing.py::test_every_dry_run_in_docs_scale_runs_as_written",
+    "t2mlr experiment s5-retrieval --preset paper --dry-run --gpu h100 --json":
+        "tests/test_sizing.py::test_every_dry_run_in_docs_scale_runs_as_written",
+    "t2mlr experiment retrofit --preset cpu --dry-run --gpu a10g":
+        "tests/test_sizing.py::test_every_dry_run_in_docs_scale_runs_as_written",
+    "t2mlr experiment pretrain --preset cpu --dry-run --gpu l40s":
+        "tests/test_sizing.py::test_every_dry_run_in_docs_scale_runs_as_written",
+    "t2mlr experiment s5-evidence --preset cpu --seeds 0 1 2 --dry-run --gpu h100":
+        "tests/test_sizing.py::test_every_dry_run_in_docs_scale_runs_as_written",
     't2mlr data tokenize "fineweb-edu/*.parquet" --tokenizer HuggingFaceTB/SmolLM2-135M --out data/fineweb '
     "--workers 8": "tests/test_corpus_tokenize.py::test_data_tokenize_and_corpus_tokenize_are_one_command",
     "t2mlr train smollm2_135m_13_18 --out runs/135m_13_18 data.path=data/fineweb":

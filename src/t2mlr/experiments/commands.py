@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from t2mlr.training.commands import accept_trailing_overrides
+from t2mlr.training.commands import accept_trailing_overrides, add_dry_run_options, sizing_refusal
 
 __all__ = ["main", "register"]
 
@@ -67,7 +68,12 @@ def _guarded(command: str, work: Callable[[argparse.Namespace], Any]) -> Callabl
 
     def handler(args: argparse.Namespace) -> int:
         from t2mlr.training.config import ConfigError
-        from t2mlr.training.exit_codes import run_with_exit_codes
+        from t2mlr.training.exit_codes import BAD_INPUT, run_with_exit_codes
+
+        refusal = sizing_refusal(args) if hasattr(args, "dry_run") else None
+        if refusal is not None:
+            print(f"t2mlr experiment {command}: {refusal}", file=sys.stderr)
+            return BAD_INPUT
 
         def checked() -> Any:
             try:
@@ -78,6 +84,37 @@ def _guarded(command: str, work: Callable[[argparse.Namespace], Any]) -> Callabl
         return run_with_exit_codes(f"t2mlr experiment {command}", lambda: checked())[0]
 
     return handler
+
+
+DRY_RUN_HELP = ("size every arm the experiment would train (parameters, memory per device, FLOPs, step time, "
+                "GPU-hours, their sum) and print the launch line; writes nothing, reads no data, allocates no weights")
+
+
+def dry_run(args: argparse.Namespace, title: str, words: Sequence[str], arms: Any, notes: Sequence[str]) -> None:
+    """Print the sizing of `arms` (--dry-run); `words`: the experiment's command line after `t2mlr`, as the
+    launch line gives it. Input that cannot be sized is a ValueError (exit 2)."""
+    from t2mlr.experiments.dry_run import size_experiment
+    from t2mlr.training.sizing import DEFAULT_MFU, SizingError
+
+    arms = list(arms.values()) if isinstance(arms, dict) else list(arms)
+    try:
+        size = size_experiment(title, words, arms, args.devices or 1, args.gpu,
+                               DEFAULT_MFU if args.mfu is None else args.mfu, notes)
+    except SizingError as err:
+        raise ValueError(f"--dry-run: {err}") from err
+    print(size.to_json() if args.json else size.table())
+
+
+def launch_words(args: argparse.Namespace, head: Sequence[str], overrides: Sequence[str], out: Path | str,
+                 flags: dict[str, Any] | None = None) -> list[str]:
+    """The experiment's command line after `t2mlr` (for the launch line): its words, preset and --out, the
+    flags that are not overrides, and every override (the flags that spell one included)."""
+    words = [*head, "--preset", args.preset, "--out", str(out)]
+    for flag, value in (flags or {}).items():
+        if value is None or value is False:
+            continue
+        words += [flag] if value is True else [flag, *(map(str, value) if isinstance(value, (list, tuple)) else [str(value)])]
+    return [*words, *overrides]
 
 
 def _set_threads(threads: int | None) -> None:
@@ -99,7 +136,7 @@ def _common(p: argparse.ArgumentParser, prefix: str, default: str, out: Path | N
                    help="dotted overrides of the preset's config: trainer keys (optim.lr=1e-3, model.d_forward=8) or "
                         "the experiment's task section (task.train_size=100)")
     if out is None:
-        p.add_argument("--out", type=Path, required=True, help="output directory")
+        p.add_argument("--out", type=Path, default=None, help="output directory (required unless --dry-run)")
     else:
         p.add_argument("--out", type=Path, default=out, help=f"output directory (default: {out})")
     if resume:
@@ -108,6 +145,7 @@ def _common(p: argparse.ArgumentParser, prefix: str, default: str, out: Path | N
                            help="continue existing runs in --out from their latest checkpoints (finished ones are only "
                                 "re-evaluated)")
         group.add_argument("--overwrite", action="store_true", help="delete existing runs in --out first")
+    add_dry_run_options(p, DRY_RUN_HELP)
     accept_trailing_overrides(p)
 
 
@@ -134,6 +172,12 @@ def _run_s5(args: argparse.Namespace) -> Any:
     if not 1 <= int(model["d_backward"]) <= int(model["d_forward"]):
         raise ValueError(f"need 1 <= --d-backward <= --d-forward, got d_forward={model['d_forward']}, "
                          f"d_backward={model['d_backward']}")
+    if args.dry_run:
+        arms, notes = s5.dry_run_arms(task, tree, args.out, tuple(args.models))
+        models = None if tuple(args.models) == s5.MODEL_NAMES else args.models
+        return dry_run(args, f"t2mlr experiment s5-retrieval --preset {args.preset}",
+                       launch_words(args, ["experiment", "s5-retrieval"], _s5_overrides(args), args.out,
+                                    {"--models": models}), arms, notes)
     return s5.run(args.preset, task, tree, args.out, tuple(args.models), args.resume, args.overwrite, args.workers)
 
 
@@ -218,6 +262,13 @@ def _run_s5_evidence(args: argparse.Namespace) -> Any:
     for variant in DESIGNS.get(args.preset, ()):  # a typo is reported before torch loads
         check_before_loading(s5.config_name(variant.preset), overrides, data_files=False, sections={"task": s5.S5Task},
                              rules=False)
+    if args.dry_run:
+        from t2mlr.experiments.s5_evidence import dry_run_arms
+
+        arms, notes = dry_run_arms(args.preset, args.seeds, args.out, overrides)
+        words = launch_words(args, ["experiment", "s5-evidence"], overrides, args.out,
+                             {"--seeds": args.seeds, "--report": args.report})
+        return dry_run(args, f"t2mlr experiment s5-evidence --preset {args.preset}", words, arms, notes)
     return run_study(args.preset, args.seeds, args.out, report=args.report, workers=args.workers,
                      analyses=not args.skip_analyses, overrides=overrides, cost_rounds=args.cost_rounds,
                      decode_rounds=args.decode_rounds)
@@ -244,6 +295,7 @@ def _add_s5_evidence(sub: Any) -> None:
     p.add_argument("--checkpoint-every", type=int, default=None, help=argparse.SUPPRESS)  # tests
     p.add_argument("--cost-rounds", type=int, default=21, help="paired rounds of the training-cost measurement")
     p.add_argument("--decode-rounds", type=int, default=11, help="paired rounds of the decoding-cost measurement")
+    add_dry_run_options(p, DRY_RUN_HELP)
     accept_trailing_overrides(p)
     p.set_defaults(func=_guarded("s5-evidence", _run_s5_evidence))
 
@@ -285,11 +337,25 @@ def _run_finetune(args: argparse.Namespace) -> Any:
                                       "prefill": ("task.prefill",), "eval_batch_size": ("eval.batch_size",),
                                       "recurrence_mask_policy": ("model.recurrence_mask_policy",),
                                       "device": ("train.device",)})
-    if get_task(args.task).needs_data:  # a missing data file is reported before torch loads
+    if args.out is None and not args.dry_run:
+        raise ValueError("--out is required (the output directory), unless --dry-run")
+    if get_task(args.task).needs_data and not args.dry_run:  # a missing data file is reported before torch loads
         check_data_source(args.task, args.data, args.variant)
     task, tree = load(name, overrides, finetune.FinetuneTask)
     plan = finetune.make_plan(args.preset, task, tree, args.arms, args.from_, args.retrofit, args.data, args.variant,
-                              args.prefill_depth)
+                              args.prefill_depth, dry_run=args.dry_run)
+    if args.dry_run:
+        out = args.out or Path(f"runs/finetune_{args.preset}_{args.task.replace('-', '_')}")
+        arms, notes = finetune.dry_run_arms(plan, out)
+        if get_task(args.task).needs_data:
+            notes.insert(0, f"the {args.task} data source (--data) is checked when the experiment runs")
+        if plan.start.kind == "shape":
+            notes.insert(0, "launch: CHECKPOINTS stands for the arms' pretrained checkpoints (or pass --retrofit MODEL)")
+        checkpoints = args.from_ or (["CHECKPOINTS"] if plan.start.kind == "shape" else None)
+        flags = {"--arms": args.arms, "--from": checkpoints, "--retrofit": args.retrofit, "--data": args.data,
+                 "--variant": args.variant, "--prefill-depth": args.prefill_depth}
+        return dry_run(args, f"t2mlr experiment finetune {args.task} --preset {args.preset}",
+                       launch_words(args, ["experiment", "finetune", args.task], overrides, out, flags), arms, notes)
     _set_threads(args.threads)
     return finetune.run(plan, args.out, resume=args.resume, overwrite=args.overwrite, workers=args.workers)
 
@@ -386,6 +452,10 @@ def _run_retrofit(args: argparse.Namespace) -> Any:
                                       "recurrence_mask_policy": ("model.recurrence_mask_policy",),
                                       "device": ("train.device",)})
     task, tree = load(retrofit.config_name(args.preset), overrides, retrofit.RetrofitTask)
+    if args.dry_run:
+        arms, notes = retrofit.dry_run_arms(task, tree, args.out)
+        return dry_run(args, f"t2mlr experiment retrofit --preset {args.preset}",
+                       launch_words(args, ["experiment", "retrofit"], overrides, args.out), arms, notes)
     _set_threads(args.threads)
     retrofit.run(args.preset, task, tree, args.out, overwrite=args.overwrite)
     print((args.out / "results.md").read_text(encoding="utf-8"))
@@ -453,6 +523,11 @@ def _run_pretrain(args: argparse.Namespace) -> Any:
 
     overrides = flag_overrides(args, {"steps": ("train.max_steps",), "device": ("train.device",)})
     task, tree = load(pretrain.config_name(args.preset), overrides, pretrain.PretrainTask)
+    if args.dry_run:
+        arms, notes = pretrain.dry_run_arms(tree, args.out)
+        return dry_run(args, f"t2mlr experiment pretrain --preset {args.preset}",
+                       launch_words(args, ["experiment", "pretrain"], overrides, args.out, {"--corpus": args.corpus}),
+                       arms, notes)
     _set_threads(args.threads)
     payload = pretrain.run(args.preset, task, tree, args.out, corpus=args.corpus, workers=args.workers,
                            resume=args.resume, overwrite=args.overwrite)

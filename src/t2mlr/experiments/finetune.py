@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from t2mlr.baselines.matching import ModelSpec
     from t2mlr.training.arms import Arm, TrainedArm
 
-__all__ = ["ArmResult", "FinetunePlan", "FinetuneTask", "StartingPoint", "rescore_predictions", "run",
+__all__ = ["ArmResult", "DeclaredVocabulary", "FinetunePlan", "FinetuneTask", "StartingPoint", "dry_run_arms", "rescore_predictions", "run",
            "wilson_interval", "write_summary"]
 
 RESULTS_MD, RESULTS_JSON, FIGURE, PREDICTIONS = "results.md", "results.json", "pass_at_1.png", "predictions.jsonl"
@@ -67,7 +67,9 @@ def config_name(preset: str, task: str) -> str:
 
 @dataclass(frozen=True)
 class StartingPoint:
-    """Where the arms start: "scratch", "from" (`checkpoints`: arm name -> directory) or "retrofit" (`model`)."""
+    """Where the arms start: "scratch", "from" (`checkpoints`: arm name -> directory), "retrofit" (`model`) or,
+    in a dry run of a preset that starts from pretrained checkpoints none of which is given, "shape": each arm
+    from a checkpoint of the preset's declared backbone (model.base), which is what sizing needs."""
 
     kind: str = "scratch"
     checkpoints: dict[str, str] = field(default_factory=dict)
@@ -76,6 +78,8 @@ class StartingPoint:
     def of(self, arm: str) -> str:
         if self.kind == "from":
             return self.checkpoints[arm]
+        if self.kind == "shape":
+            return "a pretrained checkpoint of the preset's backbone (dry run: its shape)"
         return f"retrofit of {self.model}" if self.kind == "retrofit" else "scratch"
 
 
@@ -175,8 +179,10 @@ def checkpoint_dirs(values: Sequence[str], specs: Sequence[ModelSpec]) -> dict[s
 
 def make_plan(preset: str, task: FinetuneTask, tree: dict[str, Any], arms: str | None = None,
               from_: Sequence[str] | None = None, retrofit: str | None = None, data: str | None = None,
-              variant: str | None = None, prefill_depth: int | None = None) -> FinetunePlan:
-    """The experiment's plan from a config and the command line's choices; every check that needs no training."""
+              variant: str | None = None, prefill_depth: int | None = None, dry_run: bool = False) -> FinetunePlan:
+    """The experiment's plan from a config and the command line's choices; every check that needs no training.
+    `dry_run`: a preset that starts from pretrained checkpoints is sized at its declared backbone when the
+    command line names none."""
     specs = parse_arms(arms or ",".join(task.arms))
     if from_ and retrofit:
         raise ValueError("give either --from (each arm's own checkpoint) or --retrofit (one pretrained model)")
@@ -184,6 +190,8 @@ def make_plan(preset: str, task: FinetuneTask, tree: dict[str, Any], arms: str |
         start = StartingPoint("from", checkpoints=checkpoint_dirs(from_, specs))
     elif retrofit:
         start = StartingPoint("retrofit", model=retrofit)
+    elif task.start != "scratch" and dry_run:
+        start = StartingPoint("shape")
     elif task.start != "scratch":
         raise ValueError(f"the {preset} preset finetunes pretrained models: pass --from (each arm's own checkpoint) "
                          "or --retrofit MODEL")
@@ -243,6 +251,14 @@ def _retrofit_model(spec: ModelSpec, model: str, settings: dict[str, Any]) -> di
     return {"arch": spec.kind, "pretrained": model, **own}
 
 
+def _shape_model(spec: ModelSpec, base: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+    """The arm a pretrained checkpoint of the backbone `base` would give, as `_retrofit_model` builds it from a
+    pretrained source (a dry run: the shape, no weights)."""
+    model = _retrofit_model(spec, "", settings)
+    del model["pretrained"]
+    return {**model, "base": base}
+
+
 def build_arms(plan: FinetunePlan, tree: dict[str, Any]) -> tuple[list[Arm], int | None]:
     """Every arm of the plan and, from scratch, T²MLR's parameter count the other arms are matched to."""
     from t2mlr.baselines.matching import t2mlr_parameter_count
@@ -262,6 +278,9 @@ def build_arms(plan: FinetunePlan, tree: dict[str, Any]) -> tuple[list[Arm], int
             arms.append(arm_from_tree(tree, spec.name, label, overrides, directory=spec.dir_name))
         elif start.kind == "scratch":
             arms.append(matched_arm(tree, spec.name, spec, label, directory=spec.dir_name))
+        elif start.kind == "shape":
+            model = _shape_model(spec, tree["model"]["base"], settings)
+            arms.append(Arm(spec.name, label, config_from_tree({**tree, "model": model}), directory=spec.dir_name))
         else:
             model = (_model_from_checkpoint(spec, start.checkpoints[spec.name], settings) if start.kind == "from"
                      else _retrofit_model(spec, str(start.model), settings))
@@ -356,6 +375,44 @@ def filled_tree(plan: FinetunePlan, tokenizer: Any, data_dir: Path) -> dict[str,
                 "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id}
         filled["model"]["base"] = base_section(build_base_config(base))
     return filled
+
+
+@dataclass(frozen=True)
+class DeclaredVocabulary:
+    """What a dry run knows of the tokenizer a finetune from scratch builds from its data (no data is read):
+    the vocabulary and special ids of the preset's model.base."""
+
+    size: int
+    pad_token_id: int | None
+    bos_token_id: int | None
+    eos_token_id: int | None
+
+    def __len__(self) -> int:
+        return self.size
+
+
+def dry_run_arms(plan: FinetunePlan, out: str | Path) -> tuple[list[Arm], list[str]]:
+    """The arms `run` trains, built by the same functions on the same filled config, without reading or
+    writing data (`--dry-run`); returns them and what their sizing rests on."""
+    from t2mlr.model.configuration import build_base_config
+
+    task, tree = plan.task, plan.tree
+    notes = [f"data: not read in a dry run; every arm sized at data.seq_len = task.max_length = {task.max_length} "
+             "tokens, the longest training row kept (most batches are shorter)"]
+    vocabulary = None
+    if plan.start.kind == "scratch":
+        declared = "vocab_size" in tree["model"]["base"]
+        base = build_base_config(tree["model"]["base"])
+        vocabulary = DeclaredVocabulary(int(base.vocab_size), base.pad_token_id, base.bos_token_id, base.eos_token_id)
+        notes.append(("vocabulary: " if declared else "vocabulary: the preset declares no model.base.vocab_size; ")
+                     + f"sized at {base.vocab_size:,} tokens (the real run takes the size of the tokenizer it builds "
+                     "from the training data)")
+    elif plan.start.kind == "shape":
+        notes.append("start: this preset finetunes pretrained checkpoints and the command names none (--from, "
+                     "--retrofit): every arm sized as a checkpoint of the preset's backbone model.base would be")
+    filled = filled_tree(plan, vocabulary, Path(out) / "data")
+    arms, _ = build_arms(plan, filled)
+    return arms, notes
 
 
 # ---------------------------------------------------------------------------------------------- this score

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PretrainTask", "run"]
+__all__ = ["PretrainTask", "dry_run_arms", "run"]
 
 ARMS = ("t2mlr_middle", "t2mlr_full", "transformer")
 
@@ -110,6 +110,17 @@ def build_arms(tree: dict[str, Any], data: PreparedData) -> list[Any]:
     return [arm_from_tree(filled, "t2mlr_middle", f"T²MLR({m['l_start']},{m['l_end']}) middle"),
             arm_from_tree(filled, "t2mlr_full", f"T²MLR(1,{layers}) full", ["model.l_start=1", f"model.l_end={layers}"]),
             matched_arm(filled, "transformer", "transformer")]
+
+
+def dry_run_arms(tree: dict[str, Any], out: str | Path) -> tuple[list[Any], list[str]]:
+    """The three arms `run` trains, on the paths `prepare_data` would fill, without preparing anything
+    (`--dry-run`): the BPE is trained to model.base.vocab_size and rows are data.seq_len tokens, so every
+    shape is the real run's."""
+    data_dir = Path(out) / "data"
+    data = PreparedData(data_dir / "tokenizer", data_dir / "train_shards", data_dir / "validation_shards", {})
+    notes = ["data: the corpus, tokenizer and shards are not prepared in a dry run (the shapes do not depend on them: "
+             "a BPE of model.base.vocab_size, packed rows of data.seq_len)"]
+    return build_arms(tree, data), notes
 
 
 # ---------------------------------------------------------------------------------------------- this score

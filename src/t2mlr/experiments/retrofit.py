@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 from t2mlr.tasks.arithmetic import ArithmeticSettings
 
-__all__ = ["ARMS", "EVAL_METRICS", "RetrofitTask", "rescore_run", "run", "score_reply", "seeds_summary",
+__all__ = ["ARMS", "EVAL_METRICS", "RetrofitTask", "dry_run_arms", "rescore_run", "run", "score_reply", "seeds_summary",
            "write_summary"]
 
 ARMS = ("transformer", "t2mlr")
@@ -129,20 +129,38 @@ def prepare_base(tree: dict[str, Any], out: Path) -> tuple[Path, float]:
     return base_dir, time.perf_counter() - start
 
 
-def build_arms(task: RetrofitTask, tree: dict[str, Any], base_dir: Path, train_file: Path, pad_token_id: int) -> list:
-    """The Transformer arm (the pretrained model itself) and the T²MLR retrofit, differing only in `model`."""
+def build_arms(task: RetrofitTask, tree: dict[str, Any], base_dir: Path | str, train_file: Path, pad_token_id: int,
+               gguf_file: str | None = None) -> list:
+    """The Transformer arm (the pretrained model itself) and the T²MLR retrofit, differing only in `model`
+    (`base_dir`: the saved copy of the source, or, in a dry run, the source with its `gguf_file`)."""
     from t2mlr.training.arms import arm_from_tree, matched_arm
     from t2mlr.training.config import deep_merge
 
     mask = tree["model"].get("recurrence_mask_policy") == "mask"
     filled = deep_merge(tree, {
-        "model": {"pretrained": str(base_dir), "gguf_file": None},
+        "model": {"pretrained": str(base_dir), "gguf_file": gguf_file},
         "data": {"seq_len": task.max_length, "pad_token_id": pad_token_id, "seed": int(tree["train"]["seed"]),
                  "kwargs": {"path": str(train_file), "tokenizer": str(base_dir), "max_length": task.max_length,
                             "prompt_recurrence_mask": mask, "bos": False}}})
     return [matched_arm(filled, "transformer", "transformer", ARM_LABELS["transformer"],
                         ["logging.progress_label=finetune transformer"]),
             arm_from_tree(filled, "t2mlr", ARM_LABELS["t2mlr"], ["logging.progress_label=finetune t2mlr"])]
+
+
+def dry_run_arms(task: RetrofitTask, tree: dict[str, Any], out: Path) -> tuple[list, list[str]]:
+    """Both arms as `run` builds them, on the source itself instead of its saved copy under OUT/base (the same
+    shapes), without loading weights or reading data (`--dry-run`); returns them and what their sizing rests on."""
+    from t2mlr.training.config import config_from_tree
+    from t2mlr.training.sizing import sizing_base_config
+
+    source, gguf_file = tree["model"]["pretrained"], tree["model"].get("gguf_file")
+    config, _ = sizing_base_config(config_from_tree(tree).model)
+    pad = config.pad_token_id if config.pad_token_id is not None else config.eos_token_id
+    notes = [f"data: not read in a dry run; both arms sized at data.seq_len = task.max_length = {task.max_length} "
+             "tokens, the longest training row kept (most batches are shorter)",
+             "the real run first evaluates the pretrained model and evaluates each arm after training: generation, "
+             "not sized here"]
+    return build_arms(task, tree, source, out / "data" / "train.jsonl", pad, gguf_file), notes
 
 
 # ------------------------------------------------------------------------------------------ this score

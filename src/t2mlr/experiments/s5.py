@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from t2mlr.training.arms import Arm, TrainedArm
     from t2mlr.training.config import TrainConfig
 
-__all__ = ["MODEL_NAMES", "S5Plan", "S5Task", "evaluate_by_n", "finish", "plan", "run"]
+__all__ = ["MODEL_NAMES", "S5Plan", "S5Task", "dry_run_arms", "evaluate_by_n", "finish", "plan", "run"]
 
 MODEL_NAMES = ("t2mlr", "transformer", "lstm")
 LABELS = {"t2mlr": "T²MLR", "transformer": "Transformer (matched)", "lstm": "LSTM (matched)"}
@@ -323,6 +323,21 @@ def plan(preset: str, task: S5Task, tree: dict[str, Any], out: str | Path, model
     filled = filled_tree(task, tree, tokenizer, out / "data" / "tokenizer")
     return S5Plan(preset, task, filled, out, models, tokenizer, samples,
                   build_arms(task, filled, models, keep_all_checkpoints))
+
+
+def dry_run_arms(task: S5Task, tree: dict[str, Any], out: str | Path, models: Sequence[str] = MODEL_NAMES,
+                 keep_all_checkpoints: Sequence[str] = ()) -> tuple[dict[str, Arm], list[str]]:
+    """The arms `plan` builds, without writing anything (`--dry-run`): the tokenizer depends on the task section
+    only, so it is built in memory and every arm's config is the real run's. Returns the arms and what a
+    sizing of them should say."""
+    from t2mlr.tasks.tokenizers import build_s5_tokenizer
+
+    models = tuple(models)
+    check_models(models, int(tree["model"]["base"]["num_hidden_layers"]))
+    filled = filled_tree(task, tree, build_s5_tokenizer(task.k, task.alphabet), Path(out) / "data" / "tokenizer")
+    notes = [f"data: S5 rows generated on demand (no files needed); rows of {task.max_length()} tokens, the longest "
+             "evaluation row, as the real run pads them"]
+    return build_arms(task, filled, models, keep_all_checkpoints), notes
 
 
 def echo(preset: str, task: S5Task, tree: dict[str, Any]) -> dict[str, Any]:

@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     from t2mlr.experiments.s5 import S5Plan
     from t2mlr.training.arms import Arm
 
-__all__ = ["DESIGNS", "StudyRun", "Variant", "is_t2mlr_arm", "plan_study", "run_study", "summarize_arm",
+__all__ = ["DESIGNS", "StudyRun", "Variant", "dry_run_arms", "is_t2mlr_arm", "plan_study", "run_study", "summarize_arm",
            "summary_rows"]
 
 # The arms of the study, fixed before any result. T²MLR(1,2) is the `cpu` (and `tiny`) preset's placement.
@@ -139,6 +139,34 @@ def plan_study(design: str, seeds: Sequence[int], out: str | Path, overrides: Se
                            resume=True, keep_all_checkpoints=keep)
             runs.append(StudyRun(seed, variant, plan))
     return runs
+
+
+def dry_run_arms(design: str, seeds: Sequence[int], out: str | Path, overrides: Sequence[str] = ()
+                 ) -> tuple[list[Arm], list[str]]:
+    """Every run of the study as `plan_study` builds it (named `s<seed>/<preset>/<arm>` as `ordered_arms` names
+    them), without writing anything (`--dry-run`)."""
+    from dataclasses import replace
+
+    from t2mlr.experiments import s5
+    from t2mlr.training.config import load_sections
+
+    if design not in DESIGNS:
+        raise ValueError(f"the evidence study has no design for preset {design!r}; choose from {', '.join(DESIGNS)}")
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"name at least one seed, each once; got {list(seeds)}")
+    arms, notes = [], ["the study also measures every arm's training and decoding cost and runs its analyses on the "
+                       "CPU: not sized here"]
+    for seed in seeds:
+        for variant in DESIGNS[design]:
+            tree, sections = load_sections(s5.config_name(variant.preset), [*overrides, f"train.seed={seed}"],
+                                           {"task": s5.S5Task})
+            keep = tuple(arm for arm in variant.arms if is_t2mlr_arm(arm))
+            where = Path(f"seed_{seed}") / variant.preset
+            built, data_notes = s5.dry_run_arms(sections["task"], tree, Path(out) / where, variant.arms, keep)
+            arms += [replace(arm, name=f"s{seed}/{variant.preset}/{name}", directory=str(where / arm.dir_name))
+                     for name, arm in built.items()]
+            notes += [note for note in data_notes if note not in notes]
+    return arms, notes
 
 
 def _cost_ratio(costs: dict[str, Any] | None, name: str) -> float:

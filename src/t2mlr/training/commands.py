@@ -64,16 +64,8 @@ def register(subparsers: Any) -> None:
                        help="data parallelism under torchrun (sets train.parallel); ddp and fsdp need torchrun")
     train.add_argument("--threads", type=int, default=None, metavar="N",
                        help="torch CPU threads (default: the free cores, or the resumed run's count)")
-    dry = train.add_argument_group("sizing a run before it is bought (docs/scale.md)")
-    dry.add_argument("--dry-run", action="store_true",
-                     help="print parameters, memory per device, FLOPs, step time, GPU-hours and the launch line; "
-                          "allocates no weights and trains nothing")
-    dry.add_argument("--devices", type=int, default=None, metavar="N", help="GPUs the run would use (default 1)")
-    dry.add_argument("--gpu", default=None, metavar="KIND",
-                     help="GPU kind: h100, h200, a100-80gb, a100-40gb, l40s, a10, a10g, rtx4090")
-    dry.add_argument("--mfu", type=float, default=None, metavar="U",
-                     help="assumed model-FLOP utilisation for the step time (default 0.30)")
-    dry.add_argument("--json", action="store_true", help="print the dry run as JSON instead of a table")
+    add_dry_run_options(train, "print parameters, memory per device, FLOPs, step time, GPU-hours and the launch line; "
+                               "allocates no weights and trains nothing")
     train.set_defaults(func=run_train)
     accept_trailing_overrides(train)
 
@@ -81,6 +73,36 @@ def register(subparsers: Any) -> None:
     plot.add_argument("run_dir", help="run directory holding metrics.jsonl")
     plot.add_argument("--out", default=None, help="PNG path (default: RUN_DIR/curves.png)")
     plot.set_defaults(func=run_plot)
+
+
+GPU_KIND_NAMES = "h100, h200, a100-80gb, a100-40gb, l40s, a10, a10g, rtx4090"  # training.sizing.GPU_KINDS
+
+
+def add_dry_run_options(parser: argparse.ArgumentParser, what: str) -> None:
+    """--dry-run and its sizing options (--devices, --gpu, --mfu, --json): `t2mlr train`'s and every experiment's."""
+    dry = parser.add_argument_group("sizing a run before it is bought (docs/scale.md)")
+    dry.add_argument("--dry-run", action="store_true", help=what)
+    dry.add_argument("--devices", type=int, default=None, metavar="N", help="GPUs the run would use (default 1)")
+    dry.add_argument("--gpu", default=None, metavar="KIND", help=f"GPU kind: {GPU_KIND_NAMES}")
+    dry.add_argument("--mfu", type=float, default=None, metavar="U",
+                     help="assumed model-FLOP utilisation for the step time (default 0.30)")
+    dry.add_argument("--json", action="store_true", help="print the dry run as JSON instead of a table")
+
+
+def sizing_refusal(args: argparse.Namespace) -> str | None:
+    """Why the sizing options cannot be used as given (before any config is loaded); None when they can."""
+    sizing_only = [flag for flag, given in (("--devices", args.devices is not None), ("--gpu", args.gpu is not None),
+                                            ("--mfu", args.mfu is not None), ("--json", args.json)) if given]
+    if args.dry_run:
+        if args.gpu is None:
+            return f"--dry-run needs --gpu KIND ({GPU_KIND_NAMES})"
+        if getattr(args, "resume", False):
+            return "--dry-run sizes a new run; --resume does not apply"
+        return None
+    if sizing_only:
+        verb = "applies" if len(sizing_only) == 1 else "apply"
+        return f"{', '.join(sizing_only)} {verb} to --dry-run only (a real run's devices are torchrun's processes)"
+    return None
 
 
 def accept_trailing_overrides(parser: argparse.ArgumentParser) -> None:
@@ -160,17 +182,9 @@ def launch_refusal(args: argparse.Namespace) -> str | None:
     `--parallel ddp|fsdp` outside torchrun is refused: the run would train in one process, not the data
     parallelism asked for (a config that sets train.parallel still runs single-process, so a run directory's
     recorded config resumes either way)."""
-    sizing_only = [flag for flag, given in (("--devices", args.devices is not None), ("--gpu", args.gpu is not None),
-                                            ("--mfu", args.mfu is not None), ("--json", args.json)) if given]
-    if args.dry_run:
-        if args.gpu is None:
-            return "--dry-run needs --gpu KIND (h100, h200, a100-80gb, a100-40gb, l40s, a10, a10g, rtx4090)"
-        if args.resume:
-            return "--dry-run sizes a new run; --resume does not apply"
-        return None
-    if sizing_only:
-        verb = "applies" if len(sizing_only) == 1 else "apply"
-        return f"{', '.join(sizing_only)} {verb} to --dry-run only (a real run's devices are torchrun's processes)"
+    refusal = sizing_refusal(args)
+    if refusal is not None or args.dry_run:
+        return refusal
     if args.out is None:
         return "--out is required (the run directory), unless --dry-run"
     if args.parallel in ("ddp", "fsdp") and not _launched_by_torchrun():

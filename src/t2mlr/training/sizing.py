@@ -48,6 +48,8 @@ activation checkpointing is reported beside them: it is work the GPU does that M
 
 from __future__ import annotations
 
+import copy
+import functools
 import shlex
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -62,6 +64,8 @@ from t2mlr.baselines.looped import LoopedConfig
 from t2mlr.baselines.matching import count_parameters
 from t2mlr.baselines.pause import PauseConfig
 from t2mlr.model import T2MLRConfig
+from t2mlr.model.configuration import build_base_config
+from t2mlr.model.pretrained import HubUnavailableError, load_pretrained_config
 from t2mlr.training.architectures import checkpointing_refusal, get_architecture
 from t2mlr.training.config import ConfigError, ModelConfig, TrainConfig
 from t2mlr.training.model_factory import (
@@ -73,8 +77,9 @@ from t2mlr.training.model_factory import (
 
 __all__ = [
     "DEFAULT_MFU", "GPU_KINDS", "GpuKind", "MemoryEstimate", "ModelFacts", "Plan", "RunSize", "SizingError",
-    "build_on_meta", "device_counts", "estimate_activations", "estimate_memory", "gpu_kind", "launch_line",
-    "model_facts", "plan_for", "size_run",
+    "UnsupportedModelError",
+    "build_on_meta", "command_line", "device_counts", "estimate_activations", "estimate_memory", "gpu_kind", "launch_line",
+    "model_facts", "plan_for", "size_run", "sizing_base_config",
 ]
 
 GIB = 1024**3
@@ -88,6 +93,11 @@ LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3", "t2mlr_matched_llama")
 
 class SizingError(ConfigError):
     """A run that cannot be sized or cannot fit as asked (a bad-input error: exit code 2)."""
+
+
+class UnsupportedModelError(SizingError):
+    """A model the memory model does not cover (not a Llama-family decoder, or not sdpa attention): an
+    experiment lists such an arm as not sized instead of failing."""
 
 
 # ---------------------------------------------------------------------------------------------- GPU kinds
@@ -182,12 +192,61 @@ class ModelFacts:
         return self.parameters - sum(self.layer_parameters)
 
 
+# The published configs (config.json on the hub) of the pretrained models the presets name, for sizing a
+# run offline when the hub id is not in the local cache: the shapes are public, the weights are not needed.
+PUBLISHED_CONFIGS: dict[str, dict[str, Any]] = {
+    # HuggingFaceTB/SmolLM2-1.7B(-Instruct) config.json: 24 blocks, hidden 2048, 32 heads (no grouping), MLP 8192;
+    # 1.71B parameters with the tied 49152-token vocabulary
+    **{f"HuggingFaceTB/SmolLM2-1.7B{tail}": {
+        "model_type": "llama", "vocab_size": 49152, "hidden_size": 2048, "intermediate_size": 8192,
+        "num_hidden_layers": 24, "num_attention_heads": 32, "num_key_value_heads": 32, "hidden_act": "silu",
+        "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 130000.0, "tie_word_embeddings": True,
+        "initializer_range": 0.02, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2} for tail in ("", "-Instruct")},
+}
+
+
+def _published_shapes() -> dict[str, PretrainedConfig]:
+    from t2mlr.model.shapes import smollm2_135m_base_config, smollm2_360m_base_config
+
+    shapes = {f"HuggingFaceTB/SmolLM2-{size}{tail}": make() for size, make in
+              (("135M", smollm2_135m_base_config), ("360M", smollm2_360m_base_config)) for tail in ("", "-Instruct")}
+    shapes.update({name: build_base_config(dict(fields)) for name, fields in PUBLISHED_CONFIGS.items()})
+    return shapes
+
+
+@functools.lru_cache(maxsize=16)
+def _offline_pretrained_config(source: str, gguf_file: str | None) -> tuple[PretrainedConfig, str | None]:
+    """A pretrained model's config without a download: the local copy (directory, GGUF metadata, hub cache),
+    else the published config of a model the presets name; a SizingError otherwise. Cached: a GGUF's
+    metadata takes seconds to parse, and an experiment sizes several arms of one source."""
+    try:
+        return load_pretrained_config(source, gguf_file, local_files_only=True), None
+    except HubUnavailableError as err:
+        published = _published_shapes().get(source)
+        if published is None:
+            raise SizingError(f"model.pretrained {source!r} is not available offline and its shape is not in the "
+                              f"table of published configs ({', '.join(sorted(_published_shapes()))}): pass a local "
+                              "directory or .gguf file (only its config is read)") from err
+        return published, (f"model.pretrained {source} is not in the local hub cache: sized from its published "
+                           "config (no download)")
+
+
+def sizing_base_config(model_cfg: ModelConfig) -> tuple[PretrainedConfig, str | None]:
+    """The wrapped decoder's config as the trainer would build it, read offline, and a note when it comes from
+    the table of published configs instead of the model itself."""
+    if model_cfg.pretrained is None:
+        return base_config(model_cfg), None
+    config, note = _offline_pretrained_config(model_cfg.pretrained, model_cfg.gguf_file)
+    return copy.deepcopy(config), note
+
+
 def build_on_meta(model_cfg: ModelConfig) -> nn.Module:
     """The configured model with every tensor on the meta device: shapes, no storage. A pretrained model's
-    config is read (a GGUF's metadata only), never its weights."""
+    config is read (a GGUF's metadata only, or its published config when it is not here), never its weights."""
     arch = get_architecture(model_cfg.arch)
+    config, _ = sizing_base_config(model_cfg)
     with torch.device("meta"):
-        return arch.build(base_config(model_cfg), None, model_cfg.settings)
+        return arch.build(config, None, model_cfg.settings)
 
 
 def model_facts(model_cfg: ModelConfig) -> ModelFacts:
@@ -196,7 +255,7 @@ def model_facts(model_cfg: ModelConfig) -> ModelFacts:
     base = getattr(model.config, "base_config", None) or model.config
     model_type = getattr(base, "model_type", None)
     if model_type not in LLAMA_FAMILY:
-        raise SizingError(
+        raise UnsupportedModelError(
             f"the memory model covers Llama-family decoder layers ({', '.join(LLAMA_FAMILY)}); this model's base "
             f"is {model_type!r}"
         )
@@ -321,7 +380,7 @@ def estimate_activations(facts: ModelFacts, rows: int, length: int, precision: s
                          packed: bool = True) -> Activations:
     """Activations of one micro-batch of `rows` × `length` tokens on the model's training path."""
     if facts.attention != "sdpa":
-        raise SizingError(f"the memory model assumes PyTorch's fused attention (sdpa); this model uses "
+        raise UnsupportedModelError(f"the memory model assumes PyTorch's fused attention (sdpa); this model uses "
                           f"{facts.attention!r}: set attn_implementation to sdpa or size it by measurement")
     shape, compute, config = facts.shape, _compute_bytes(precision), facts.config
     block_tokens = length * (config.period if isinstance(config, PauseConfig) else 1)
@@ -606,11 +665,15 @@ def recomputed_flops(facts: ModelFacts, rows: int, seq_len: int, checkpointing: 
 
 def launch_line(config: str, devices: int, parallel: str, out: str, extra: Sequence[str] = ()) -> str:
     """The command that runs this plan: `t2mlr train` on one device, torchrun on several (8 per node beyond 8)."""
-    words = ["-m", "t2mlr", "train", config, "--out", out]
+    words = ["train", config, "--out", out]
     if devices > 1:
         words += ["--parallel", parallel]
-    words += list(extra)
-    command = " ".join(shlex.quote(word) for word in words)
+    return command_line([*words, *extra], devices)
+
+
+def command_line(words: Sequence[str], devices: int) -> str:
+    """`t2mlr WORDS...` on one device, under torchrun on several (8 per node beyond 8), shell-quoted."""
+    command = " ".join(shlex.quote(word) for word in ["-m", "t2mlr", *words])
     if devices == 1:
         return "t2mlr" + command.removeprefix("-m t2mlr")
     if devices <= 8 or devices % 8:
@@ -651,6 +714,9 @@ def _caveats(cfg: TrainConfig, facts: ModelFacts) -> tuple[str, ...]:
         caveats.append(f"the exact path runs the middle block as {cfg.data.seq_len} dependent one-token steps per "
                        "micro-batch: such a step is bound by kernel latency, not FLOPs, so the step time at this MFU "
                        "is far too short: time a few steps on one GPU")
+    published = sizing_base_config(cfg.model)[1]
+    if published is not None:
+        caveats.append(published)
     if cfg.train.device == "cpu":
         caveats.append("train.device is cpu: this config trains on the CPU whatever GPUs there are; set "
                        "train.device=auto (or cuda) for the run sized here")
