@@ -109,6 +109,29 @@ def test_each_arm_is_sized_as_train_dry_run_sizes_its_config(case, devices, tmp_
     assert any("not_sized" not in arm for arm in reported.values())
 
 
+def test_from_checkpoints_are_sized_from_their_own_configs(tmp_path, capsys) -> None:
+    """`--from` reads each checkpoint's config.json only (no weights there at all): every arm has the
+    parameters of the model its checkpoint's config builds."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from t2mlr.model import T2MLRConfig, T2MLRForCausalLM
+
+    base = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                       num_key_value_heads=2, tie_word_embeddings=True)
+    t2mlr = T2MLRConfig.from_base(base, l_start=1, l_end=2)
+    t2mlr.save_pretrained(tmp_path / "ckpts" / "t2mlr_1-2")
+    base.save_pretrained(tmp_path / "ckpts" / "transformer")
+    out = tmp_path / "out"
+    code, stdout, err = run(capsys, "experiment", "finetune", "variable-assignment", "--preset", "tiny", "--arms",
+                            "t2mlr:1-2,transformer", "--from", str(tmp_path / "ckpts"), "--out", str(out), "--dry-run",
+                            "--gpu", "h100", "--json")
+    assert code == 0, err
+    arms = {arm["name"]: arm for arm in json.loads(stdout)["arms"]}
+    for name, model in (("t2mlr:1-2", T2MLRForCausalLM(t2mlr)), ("transformer", LlamaForCausalLM(base))):
+        assert arms[name]["parameters"] == sum(p.numel() for p in model.parameters())
+    assert not out.exists()
+
+
 @pytest.mark.parametrize(("argv", "words"), [
     (["finetune", "gsm-aug", "--preset", "paper", "--devices", "3", "--gpu", "h100"],
      ("3 devices do not divide the batch", "global_batch_size 32", "1, 2, 4")),
