@@ -37,6 +37,17 @@ def help_output(argv: list[str]) -> str:
     return subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
 
 
+def run_in_fresh_interpreter(argv: list[str], heavy: tuple[str, ...] = ("torch", "transformers")) -> subprocess.CompletedProcess:
+    """Run `t2mlr ARGV` in a fresh interpreter; stdout ends with its exit code and which of `heavy` it loaded
+    (`EXIT 2 LOADED []`: refused before any heavy library was imported)."""
+    probe = (
+        "import sys\nfrom t2mlr.cli import main\n"
+        f"code = main({argv!r})\n"
+        f"print('EXIT', code, 'LOADED', sorted(m for m in {heavy!r} if m in sys.modules))"
+    )
+    return subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+
+
 def test_top_level_help_imports_neither_torch_nor_transformers() -> None:
     out = help_output(["--help"])
     assert "experiment" in out and "LOADED []" in out
@@ -116,12 +127,7 @@ def test_train_reports_config_and_data_file_errors_before_torch_loads(tmp_path, 
     files["bad"].write_text('{"input_ids": [1, 2]}\n{oops\n', encoding="utf-8")
     files["listed"].write_text("[1, 2]\n", encoding="utf-8")
     argv = ["train", "debug", "--out", str(tmp_path / "run"), *(o.format(**files) for o in overrides)]
-    probe = (
-        "import sys\nfrom t2mlr.cli import main\n"
-        f"code = main({argv!r})\n"
-        "print('EXIT', code, 'LOADED', sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
-    )
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    result = run_in_fresh_interpreter(argv)
     assert "EXIT 2 LOADED []" in result.stdout and said in result.stderr, (result.stdout, result.stderr)
     assert not (tmp_path / "run").exists()
 
@@ -139,33 +145,18 @@ def test_every_experiment_reports_a_config_typo_before_torch_loads(tmp_path, arg
     errors (exit 2), for every experiment, and says so before torch or transformers are imported (a finetune's
     missing data file too)."""
     argv = ["experiment", *argv, "--out", str(tmp_path / "out")]
-    probe = (
-        "import sys\nfrom t2mlr.cli import main\n"
-        f"code = main({argv!r})\n"
-        "print('EXIT', code, 'LOADED', sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
-    )
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    result = run_in_fresh_interpreter(argv)
     assert "EXIT 2 LOADED []" in result.stdout and said in result.stderr, (result.stdout, result.stderr)
     assert not (tmp_path / "out").exists()
 
 
 def test_rl_grpo_reports_a_config_typo_before_torch_loads(tmp_path) -> None:
     argv = ["rl", "grpo", "grpo_tiny", "--out", str(tmp_path / "run"), "grpo.group_sise=4"]
-    probe = (
-        "import sys\nfrom t2mlr.cli import main\n"
-        f"code = main({argv!r})\n"
-        "print('EXIT', code, 'LOADED', sorted(m for m in ('torch', 'transformers', 'trl') if m in sys.modules))"
-    )
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    result = run_in_fresh_interpreter(argv, heavy=("torch", "transformers", "trl"))
     assert "EXIT 2 LOADED []" in result.stdout and "Did you mean 'group_size'?" in result.stderr, result.stderr
 
 
 def test_generate_reports_a_missing_model_directory_before_torch_loads(tmp_path) -> None:
     argv = ["generate", str(tmp_path / "no_model"), "--prompt", "hi"]
-    probe = (
-        "import sys\nfrom t2mlr.cli import main\n"
-        f"code = main({argv!r})\n"
-        "print('EXIT', code, 'LOADED', sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
-    )
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    result = run_in_fresh_interpreter(argv)
     assert "EXIT 2 LOADED []" in result.stdout and "does not exist" in result.stderr, result.stderr
