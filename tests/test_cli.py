@@ -121,7 +121,7 @@ def test_every_help_shows_before_torch_transformers_or_lm_eval_load() -> None:
     (["data.source=jsonl", "data.path={listed}"], ":1: expected a JSON object, got list"),
 ])
 def test_train_reports_config_and_data_file_errors_before_torch_loads(tmp_path, overrides, said) -> None:
-    """`t2mlr train`'s config typos (outside the model section, whose keys are the architecture's) and bad data
+    """`t2mlr train`'s config typos (the model section's in tests/test_config_strictness.py) and bad data
     files are reported at once, exit 2, before torch or transformers are imported."""
     files = {"missing": tmp_path / "missing.jsonl", "bad": tmp_path / "bad.jsonl", "listed": tmp_path / "listed.jsonl"}
     files["bad"].write_text('{"input_ids": [1, 2]}\n{oops\n', encoding="utf-8")
@@ -160,3 +160,19 @@ def test_generate_reports_a_missing_model_directory_before_torch_loads(tmp_path)
     argv = ["generate", str(tmp_path / "no_model"), "--prompt", "hi"]
     result = run_in_fresh_interpreter(argv)
     assert "EXIT 2 LOADED []" in result.stdout and "does not exist" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("argv, heavy, said", [
+    (["eval", "zero-shot", "{missing}", "--out", "{out}"], ("torch", "transformers", "lm_eval"), "does not exist"),
+    (["eval", "run", "--model", "t2mlr", "--model_args", "pretrained={missing}", "--tasks", "t2mlr_toy"],
+     ("torch", "transformers"), "does not exist"),
+    (["eval", "run", "--model", "hf", "--model_args", "pretrained=org/name", "--tasks", "arc_eazy,t2mlr_toy"],
+     ("torch", "transformers"), "lm-eval knows no task 'arc_eazy' (did you mean 'arc_easy'?)"),
+])
+def test_eval_reports_a_bad_model_directory_or_task_before_torch_loads(tmp_path, argv, heavy, said) -> None:
+    """A missing checkpoint (zero-shot, or a local `pretrained=`) and an unknown task name exit 2 with the cause
+    before torch or transformers are imported (zero-shot: before lm-eval too); a shipped task is known."""
+    argv = [word.format(missing=tmp_path / "no_model", out=tmp_path / "out") for word in argv]
+    result = run_in_fresh_interpreter(argv, heavy=heavy)
+    assert "EXIT 2 LOADED []" in result.stdout and said in result.stderr, (result.stdout, result.stderr)
+    assert not (tmp_path / "out").exists()

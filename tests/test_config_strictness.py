@@ -73,3 +73,24 @@ def test_keyword_arguments_of_from_base_are_checked() -> None:
 def test_a_base_key_that_transformers_converts_is_accepted() -> None:
     config = T2MLRConfig.from_base({"model_type": "llama", "num_hidden_layers": 2, "rope_theta": 5e4}, 1, 2)
     assert config.base_config.rope_parameters["rope_theta"] == 5e4
+
+
+@pytest.mark.parametrize("arch", ["t2mlr", "looped", "pause", "transformer"])
+def test_model_keys_read_from_the_sources_are_the_architectures_settings(arch: str) -> None:
+    """The setting names checked before transformers loads (read from each config class's source) are exactly
+    those the imported class declares, in order: the two readings of one declaration cannot drift apart."""
+    from t2mlr.training.architectures import ARCHITECTURES
+    from t2mlr.training.config import SETTINGS_DECLARED_BY, declared_settings
+
+    assert list(SETTINGS_DECLARED_BY) == list(ARCHITECTURES)
+    assert declared_settings(arch) == list(ARCHITECTURES[arch].settings())
+
+
+def test_a_misspelt_model_key_is_answered_before_transformers_loads(tmp_path: Path) -> None:
+    from test_cli import run_in_fresh_interpreter
+
+    for override, said in (("model.l_strat=2", "Did you mean 'l_start'?"),
+                           ("model.loops=2", "model.loops is a setting of model.arch 'looped'")):
+        result = run_in_fresh_interpreter(["train", "debug", "--out", str(tmp_path / "run"), override])
+        assert "EXIT 2 LOADED []" in result.stdout and said in result.stderr, (result.stdout, result.stderr)
+    assert not (tmp_path / "run").exists()

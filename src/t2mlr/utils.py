@@ -5,7 +5,8 @@
 * `check_known_names`: the one way unknown keyword arguments and config keys are refused, with the
   nearest valid spelling in the message.
 * `signature_fields`: the typed keyword parameters of a callable, so a config class's own
-  signature is the schema that YAML and keyword arguments are checked against.
+  signature is the schema that YAML and keyword arguments are checked against; `declared_parameters`: the
+  same names read from the source, before the class's module (and transformers) is imported.
 * `load_tokenizer`: a Hugging Face tokenizer from a directory, a bare tokenizer.json or a hub id, with
   errors that say what is missing; `prompt_ids`: a prompt's token ids as training and generation read it.
 """
@@ -13,6 +14,7 @@
 from __future__ import annotations
 
 import argparse
+import ast
 import difflib
 import importlib
 import inspect
@@ -178,6 +180,20 @@ def signature_fields(function: Callable[..., Any], exclude: Iterable[str] = ()) 
         parameter.name: Field(parameter.name, hints.get(parameter.name, Any), parameter.default)
         for parameter in keyword_parameters(function, exclude)
     }
+
+
+def declared_parameters(source: Path, class_name: str, exclude: Iterable[str] = ()) -> list[str]:
+    """The named parameters of `class_name.__init__` in a Python file, read from its source without importing
+    it: what a config class accepts, known before the heavy libraries that file imports are loaded."""
+    tree = ast.parse(source.read_text(encoding="utf-8"), filename=str(source))
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == class_name:
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == "__init__":
+                    arguments = item.args
+                    names = [a.arg for a in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs)]
+                    return [name for name in names if name not in {"self", *exclude}]
+    raise LookupError(f"{source} defines no {class_name}.__init__")
 
 
 def keyword_parameters(function: Callable[..., Any], exclude: Iterable[str] = ()) -> list[inspect.Parameter]:

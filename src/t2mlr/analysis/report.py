@@ -18,11 +18,13 @@ __all__ = ["markdown_table", "minutes", "percent", "table", "write_result"]
 TABLE_SUFFIX, JSON_SUFFIX = ".md", ".json"
 
 
-def write_result(out_dir: str | Path, stem: str, markdown: Sequence[str], payload: dict[str, Any]) -> tuple[Path, Path]:
-    """OUT/stem.md (the lines given) and OUT/stem.json (the payload); returns both paths."""
+def write_result(out_dir: str | Path, stem: str, markdown: Sequence[str], payload: dict[str, Any],
+                 markdown_stem: str | None = None) -> tuple[Path, Path]:
+    """OUT/stem.md (the lines given; `markdown_stem` names it otherwise, e.g. README for a folder's front page)
+    and OUT/stem.json (the payload); returns both paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    md, js = out / f"{stem}{TABLE_SUFFIX}", out / f"{stem}{JSON_SUFFIX}"
+    md, js = out / f"{markdown_stem or stem}{TABLE_SUFFIX}", out / f"{stem}{JSON_SUFFIX}"
     md.write_text("\n".join(markdown).rstrip() + "\n", encoding="utf-8")
     js.write_text(json.dumps(_json_safe(payload), indent=2) + "\n", encoding="utf-8")
     return md, js

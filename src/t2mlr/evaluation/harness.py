@@ -32,10 +32,11 @@ import argparse
 import sys
 import textwrap
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from t2mlr.evaluation import TASKS_DIR
-from t2mlr.utils import resolve_device
+from t2mlr.utils import nearest_name, resolve_device
 
 __all__ = ["HFLM_ARGS", "MODEL_ARGS", "SHIPPED_TASKS", "help_text", "main", "run_harness", "with_device", "with_shipped_tasks"]
 
@@ -148,6 +149,39 @@ def with_device(args: argparse.Namespace) -> argparse.Namespace:
     return args
 
 
+def looks_local(name: str) -> bool:
+    """Whether a `pretrained=` value names a path on this machine rather than a hub repo ("org/name" has one
+    slash and no leading '/', '.' or '~')."""
+    return Path(name).exists() or name.startswith(("/", ".", "~")) or name.count("/") > 1
+
+
+def check_local_model(args: argparse.Namespace) -> None:
+    """A local `pretrained=` directory must hold a saved model (ModelDirectoryError otherwise)."""
+    from t2mlr.generation.loading import check_model_dir  # light: no torch or transformers
+
+    model_args = getattr(args, "model_args", None)
+    pretrained = model_args.get("pretrained") if isinstance(model_args, dict) else None
+    if isinstance(pretrained, str) and looks_local(pretrained):
+        check_model_dir(Path(pretrained).expanduser())
+
+
+def check_task_names(args: argparse.Namespace) -> None:
+    """Every task name in --tasks is one lm-eval knows (its own index, with the shipped tasks), else a
+    ValueError naming the unknown ones with the nearest known spelling. YAML files and directories are
+    left to lm-eval."""
+    names = [name for name in getattr(args, "tasks", None) or [] if not name.endswith(".yaml") and not Path(name).is_dir()]
+    if not names:
+        return
+    from lm_eval.tasks import TaskManager  # lm-eval's task index: no torch or transformers
+
+    manager = TaskManager(include_path=args.include_path)
+    unknown = [name for name in names if not manager.match_tasks([name])]
+    if unknown:
+        guesses = {name: nearest_name(name, manager.all_tasks) for name in unknown}
+        said = "; ".join(f"{name!r}" + (f" (did you mean {guess!r}?)" if guess else "") for name, guess in guesses.items())
+        raise ValueError(f"lm-eval knows no task {said}; `t2mlr eval ls tasks` lists the {len(manager.all_tasks)} it knows")
+
+
 def _device_in_yaml_config(args: argparse.Namespace) -> Any:
     """The device a YAML --config sets (top level or in its model_args), if any; lm-eval lets
     command-line options override the file, so a default set here would hide it."""
@@ -184,10 +218,17 @@ def run_harness(argv: Sequence[str]) -> int:
             args = cli.parse_args()
         except SystemExit as exit_:  # --help and usage errors: argparse has printed what to say
             return 0 if exit_.code is None else exit_.code if isinstance(exit_.code, int) else 1
+        try:
+            args = with_shipped_tasks(args)
+            check_local_model(args)
+            check_task_names(args)
+        except ValueError as err:  # before torch loads: a wrong path or task name is answered at once
+            print(f"t2mlr eval: error: {err}", file=sys.stderr)
+            return 2
         import t2mlr.evaluation.lm_eval_model  # noqa: F401  (registers "t2mlr"; loads torch, so after --help)
 
         try:
-            args = with_device(with_shipped_tasks(args))
+            args = with_device(args)
         except ValueError as err:
             print(f"t2mlr eval: error: {err}", file=sys.stderr)
             return 2

@@ -218,14 +218,19 @@ def run_zero_shot(
 ) -> list[dict[str, Any]]:
     """Evaluate every checkpoint on the tasks and write OUT/zero_shot.md, OUT/zero_shot.json and lm-eval's
     results per checkpoint (OUT/lm_eval/<label>.json); returns the table rows."""
+    from t2mlr.generation.loading import check_model_dir  # light: answers before lm-eval and torch load
+
+    if not checkpoints:
+        raise ValueError("give at least one checkpoint directory")
+    specs = task_specs(data_dir, tasks)  # a missing local file fails here, before any model loads
+    for checkpoint in checkpoints:
+        check_model_dir(checkpoint)
+
     import lm_eval
 
     import t2mlr.evaluation.lm_eval_model  # noqa: F401  (registers the "t2mlr" model with lm-eval)
     from t2mlr.utils import resolve_device
 
-    if not checkpoints:
-        raise ValueError("give at least one checkpoint directory")
-    specs = task_specs(data_dir, tasks)  # a missing local file fails here, before any model loads
     out = Path(out)
     (out / "lm_eval").mkdir(parents=True, exist_ok=True)
     rows, taken = [], set()

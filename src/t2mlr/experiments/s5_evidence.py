@@ -57,6 +57,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from t2mlr.analysis.report import write_result
 from t2mlr.experiments.s5 import FIGURE, RESULTS_JSON, RESULTS_MD, arm_spec, label_of, run_dir_name
 
 if TYPE_CHECKING:
@@ -650,10 +651,9 @@ def write_report(runs: Sequence[StudyRun], out: Path, report: Path, costs: Mappi
                "gradient_fidelity_mean_cosine": {tag: {title: {f"{f},{b}": statistics.fmean(v) for (f, b), v in cells.items()}
                                                        for title, cells in p.items()} for tag, p in panels.items()},
                "eval_paths": depth_payload, "failed": dict(failed)}
-    (report / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
     lines = _readme(rows, seeds, costs, gaps, gate_table, panels, depth_table, failed, figures, gates_figure, report)
-    (report / "README.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    print(f"[s5-evidence] wrote the report: {report / 'README.md'}")
+    readme, _ = write_result(report, "summary", lines, summary, markdown_stem="README")
+    print(f"[s5-evidence] wrote the report: {readme}")
     return summary
 
 

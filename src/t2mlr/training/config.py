@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import importlib
 import inspect
 import types
@@ -26,7 +27,7 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from t2mlr.utils import check_known_names, nearest_name, signature_fields
+from t2mlr.utils import check_known_names, declared_parameters, nearest_name, signature_fields
 
 PRESET_DIRS = (
     Path(__file__).resolve().parents[1] / "configs",  # shipped in the package; <repo>/configs links here
@@ -52,6 +53,28 @@ class _ConfigLoader(yaml.SafeLoader):
 _ConfigLoader.add_constructor(
     "!replace", lambda loader, node: ReplacingMapping(loader.construct_mapping(node, deep=True))
 )
+
+
+# Where each `model.arch` declares its settings: the `__init__` parameters (but base_config) of its config
+# class, which `training/architectures.py` reads from the imported class. Their names are read here from the
+# source, so that a misspelt `model.` key is answered before transformers is imported; a test checks that
+# both readings agree.
+SETTINGS_DECLARED_BY: dict[str, tuple[str, str] | None] = {
+    "t2mlr": ("model/configuration.py", "T2MLRConfig"),
+    "looped": ("baselines/looped.py", "LoopedConfig"),
+    "pause": ("baselines/pause.py", "PauseConfig"),
+    "transformer": None,  # the base model itself: no settings
+}
+
+
+@functools.cache
+def declared_settings(arch: str) -> list[str]:
+    """The setting names of `model.arch` ARCH, from its config class's source (see SETTINGS_DECLARED_BY)."""
+    declared = SETTINGS_DECLARED_BY[arch]
+    if declared is None:
+        return []
+    path, class_name = declared
+    return declared_parameters(Path(__file__).resolve().parents[1] / path, class_name, exclude=("base_config",))
 
 
 @dataclass
@@ -82,22 +105,9 @@ class ModelConfig:
         checked and coerced by its declaring class."""
         from t2mlr.training.architectures import ARCHITECTURES
 
-        arch_name = data.get("arch", cls.arch)
-        if arch_name not in ARCHITECTURES:
-            raise ConfigError(f"{where}arch: must be one of {list(ARCHITECTURES)}, got {arch_name!r}")
-        fields = ARCHITECTURES[arch_name].settings()
+        check_model_keys(data, where)
+        fields = ARCHITECTURES[data.get("arch", cls.arch)].settings()
         own = [f.name for f in dataclasses.fields(cls) if f.name != "settings"]
-        valid = own + list(fields)
-        for key in data:
-            if key not in valid:
-                owner = next((name for name, arch in ARCHITECTURES.items() if key in arch.settings()), None)
-                if owner is None:
-                    raise ConfigError(_unknown_key_message(f"{where}{key}", key, valid))
-                raise ConfigError(
-                    f"{where}{key} is a setting of model.arch {owner!r}, not of {arch_name!r} (its keys: "
-                    f"{', '.join(valid)}); a config for another architecture that extends this one replaces the "
-                    "inherited model section with `model: !replace` (as smollm2_135m_baseline.yaml does)"
-                )
         hints = typing.get_type_hints(cls)
         kwargs = {key: _coerce(value, hints[key], f"{where}{key}") for key, value in data.items() if key in own}
         settings = {
@@ -125,6 +135,26 @@ class ModelConfig:
 
         spec = get_architecture(self.arch).settings().get(name)
         return self.settings.get(name, None if spec is None else spec.default)
+
+
+def check_model_keys(data: Mapping[str, Any], where: str = "model.") -> None:
+    """Every key of a `model:` section is the trainer's or a setting of its `model.arch`, read from the sources
+    (SETTINGS_DECLARED_BY), so a misspelt key is answered before transformers loads."""
+    own = [f.name for f in dataclasses.fields(ModelConfig) if f.name != "settings"]
+    arch_name = data.get("arch", ModelConfig.arch)
+    if arch_name not in SETTINGS_DECLARED_BY:
+        raise ConfigError(f"{where}arch: must be one of {list(SETTINGS_DECLARED_BY)}, got {arch_name!r}")
+    valid = own + declared_settings(arch_name)
+    for key in data:
+        if key not in valid:
+            owner = next((name for name in SETTINGS_DECLARED_BY if key in declared_settings(name)), None)
+            if owner is None:
+                raise ConfigError(_unknown_key_message(f"{where}{key}", key, valid))
+            raise ConfigError(
+                f"{where}{key} is a setting of model.arch {owner!r}, not of {arch_name!r} (its keys: "
+                f"{', '.join(valid)}); a config for another architecture that extends this one replaces the "
+                "inherited model section with `model: !replace` (as smollm2_135m_baseline.yaml does)"
+            )
 
 
 @dataclass
@@ -625,8 +655,8 @@ def validate(cfg: TrainConfig) -> None:
 def check_before_loading(name_or_path: str | Path, overrides: Sequence[str], data_files: bool = True,
                          sections: Mapping[str, type] | None = None, rules: bool = True) -> None:
     """What can be checked before torch and transformers load (seconds instead of tens of them, so a typo or a bad
-    data file is reported at once): the file, the overrides, every key and type of each section but `model` (whose
-    keys are the architecture's) and of the further `sections` (as in `load_sections`), with `rules` the rules among
+    data file is reported at once): the file, the overrides, every key and type of each section but `model` (of which
+    only the key names: its types are the architecture's) and of the further `sections` (as in `load_sections`), with `rules` the rules among
     them (not for an experiment's config, whose data section the experiment fills in), and with `data_files` the
     data files (`t2mlr.training.data_files`). `load_config` then checks the rest."""
     from t2mlr.training.data_files import check_data_files
@@ -634,6 +664,7 @@ def check_before_loading(name_or_path: str | Path, overrides: Sequence[str], dat
     tree = apply_overrides(load_yaml_tree(resolve_config_path(name_or_path)), list(overrides))
     for name, cls in (sections or {}).items():
         from_dict(cls, tree.pop(name, None) or {}, f"{name}.")
+    check_model_keys(tree.get("model") or {})
     cfg = from_dict(TrainConfig, {key: value for key, value in tree.items() if key != "model"})
     if rules:
         _validate_run(cfg, factory_kwargs=False)
