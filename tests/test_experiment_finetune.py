@@ -228,6 +228,8 @@ def test_from_checkpoints_and_summary(tmp_path: Path) -> None:
     assert _run(["variable-assignment", "--out", str(second), "--eval-size", "4", "--from", str(first)]) == 0
     payload = json.loads((second / "results.json").read_text())
     assert payload["results"][0]["start"].endswith("t2mlr_1-2/final")
+    labels = {r["arm"]: r["label"] for r in payload["results"]}  # widths chosen by the checkpoints, not matched here
+    assert labels == {"t2mlr:1-2": "T²MLR(1,2)", "transformer": "Transformer (from its checkpoint)"}
     summary = tmp_path / "summary"
     assert cli_main(["experiment", "finetune-summary", str(first), str(second), "--out", str(summary)]) == 0
     assert (summary / "pass_at_1.png").is_file() and (summary / "variable-assignment_seed0" / "predictions.jsonl").is_file()

@@ -49,6 +49,15 @@ def test_arms_of_one_tree_differ_only_where_they_say() -> None:
         assert t2mlr <= count_parameters(build_model(baseline.config.model)) <= 1.01 * t2mlr
 
 
+def test_activation_checkpointing_carries_to_the_baselines_that_repeat_blocks() -> None:
+    """A comparison run with `model.activation_checkpointing=true` keeps it on the looped arm (blocks repeat) and
+    leaves it off the Transformer arm, whose architecture refuses it (nothing would be saved)."""
+    tree = config_tree("debug", [*TINY, "model.activation_checkpointing=true"])
+    looped = matched_arm(tree, "looped", parse_model_spec("looped:2-3:2"))
+    transformer = matched_arm(tree, "transformer", "transformer")
+    assert looped.config.model.activation_checkpointing and not transformer.config.model.activation_checkpointing
+
+
 def _weights(checkpoint: Path) -> dict[str, torch.Tensor]:
     return load_weights(checkpoint / MODEL_FILE)
 

@@ -129,6 +129,22 @@ def test_cli_accepts_overrides_after_options() -> None:
         parser.parse_args(["train", "debug", "--out", "x", "--bogus"])
 
 
+def test_experiment_overrides_after_a_many_valued_option_are_overrides() -> None:
+    """`--models t2mlr transformer optim.lr=1e-3` gives two models and one override; `--from ARM=DIR` values
+    (no dotted key) stay the option's."""
+    from t2mlr.experiments.commands import register as register_experiments
+
+    parser = argparse.ArgumentParser()
+    register_experiments(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["experiment", "s5-retrieval", "--models", "t2mlr", "transformer", "optim.lr=1e-3",
+                              "train.max_steps=3", "--out", "x", "task.train_size=8"])
+    assert args.models == ["t2mlr", "transformer"]
+    assert args.overrides == ["optim.lr=1e-3", "train.max_steps=3", "task.train_size=8"]
+    args = parser.parse_args(["experiment", "finetune", "variable-assignment", "--from", "t2mlr:1-2=runs/a.b",
+                              "transformer=runs/c", "optim.lr=1e-3"])
+    assert args.from_ == ["t2mlr:1-2=runs/a.b", "transformer=runs/c"] and args.overrides == ["optim.lr=1e-3"]
+
+
 def test_param_groups_keep_gates_norms_biases_out_of_weight_decay() -> None:
     named = [
         ("model.fusion.gamma_cur", torch.nn.Parameter(torch.zeros(()))),

@@ -270,8 +270,9 @@ def build_arms(plan: FinetunePlan, tree: dict[str, Any]) -> tuple[list[Arm], int
     settings, start = _t2mlr_settings(tree), plan.start
     arms = []
     for spec in plan.specs:
-        label = ("Transformer (the pretrained model)" if start.kind == "retrofit" and spec.kind == "transformer"
-                 else spec.label)
+        label = spec.label
+        if spec.kind == "transformer" and start.kind in ("retrofit", "from"):  # not a width matched here
+            label = "Transformer (the pretrained model)" if start.kind == "retrofit" else "Transformer (from its checkpoint)"
         if start.kind == "scratch" and spec.kind == "t2mlr":
             overrides = [f"model.l_start={spec.start}", f"model.l_end={spec.end}",
                          *(f"model.{key}={value}" for key, value in spec.path_settings().items())]

@@ -54,6 +54,7 @@ from t2mlr.baselines.matching import (
 )
 from t2mlr.model import T2MLRConfig
 from t2mlr.model.configuration import build_base_config
+from t2mlr.training.architectures import checkpointing_refusal
 from t2mlr.training import distributed as dist_utils
 from t2mlr.training.config import (
     ConfigError,
@@ -158,7 +159,8 @@ def matched_arm(tree: dict[str, Any], name: str, spec: ModelSpec | str, label: s
     for the T²MLR model of `tree`, matched to its parameter count, with everything else of `tree`.
 
     A tree that retrofits a pretrained model has no matched twin with pretrained weights: its "transformer"
-    arm is the pretrained base itself, trained the same way."""
+    arm is the pretrained base itself, trained the same way. `model.activation_checkpointing` carries over to
+    the baselines that run blocks several times per step (the others have nothing it would save)."""
     cfg = config_from_tree(tree)
     if spec == "transformer" and cfg.model.pretrained is not None:
         model = {"arch": "transformer", "pretrained": cfg.model.pretrained, "gguf_file": cfg.model.gguf_file}
@@ -175,6 +177,8 @@ def matched_arm(tree: dict[str, Any], name: str, spec: ModelSpec | str, label: s
             _, (built,) = matched_arms(t2mlr.base_config, [spec], **settings)
             model = model_section(spec, built.config, {**settings, **spec.path_settings()})
             label = label or spec.label
+    if cfg.model.activation_checkpointing and checkpointing_refusal(model["arch"], model) is None:
+        model["activation_checkpointing"] = True  # kept where the baseline repeats blocks (looped, a T²MLR twin)
     derived = apply_overrides(tree, list(overrides))
     derived["model"] = model  # replaces the T²MLR section whole: a baseline has no recurrence settings
     if model["arch"] != "t2mlr":

@@ -4,6 +4,7 @@ into the `t2mlr` parser with `register`). Handlers return the exit code their he
 from __future__ import annotations
 
 import argparse
+import re
 import logging
 import os
 import sys
@@ -116,10 +117,29 @@ def accept_trailing_overrides(parser: argparse.ArgumentParser) -> None:
     def parse_known_args(self: argparse.ArgumentParser, args: Any = None, namespace: Any = None) -> Any:
         namespace, extras = argparse.ArgumentParser.parse_known_args(self, args, namespace)
         trailing = [word for word in extras if "=" in word and not word.startswith("-")]
-        namespace.overrides = list(getattr(namespace, "overrides", None) or []) + trailing
-        return namespace, [word for word in extras if word not in trailing]
+        given = list(getattr(namespace, "overrides", None) or []) + _taken_from_lists(namespace) + trailing
+        words = list(sys.argv[1:] if args is None else args)
+        namespace.overrides = sorted(given, key=lambda word: words.index(word) if word in words else len(words))
+        return namespace, [word for word in extras if word not in trailing]  # in command-line order: the last wins
 
     parser.parse_known_args = types.MethodType(parse_known_args, parser)  # type: ignore[method-assign]
+
+
+DOTTED_OVERRIDE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+=")  # section.key=value
+
+
+def _taken_from_lists(namespace: argparse.Namespace) -> list[str]:
+    """The `section.key=value` words that a many-valued option swallowed (`--models t2mlr optim.lr=1e-3`),
+    taken out of it: they are overrides (no option value is spelt so; `--from ARM=DIR` has no dotted key)."""
+    taken = []
+    for name, value in vars(namespace).items():
+        if name == "overrides" or not isinstance(value, list):
+            continue
+        words = [word for word in value if isinstance(word, str) and DOTTED_OVERRIDE.match(word)]
+        if words:
+            setattr(namespace, name, [word for word in value if word not in words])
+            taken += words
+    return taken
 
 
 def train_overrides(args: argparse.Namespace) -> list[str]:
