@@ -234,3 +234,21 @@ def test_retrofit_under_torchrun_with_ddp_matches_one_process(tmp_path: Path) ->
     for arm in ("transformer", "t2mlr"):  # the training losses: compared above, to float32 rounding
         assert got[arm].pop("losses") == pytest.approx(want[arm].pop("losses"), rel=1e-5)
     assert got == want
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_torch_thread")
+def test_pretrain_under_torchrun_with_fsdp_matches_one_process(tmp_path: Path) -> None:
+    """Rank 0 prepares the tokenizer and shards; the final validation loss is shared out over the ranks."""
+    from golden_experiments import INPUTS
+
+    argv = ["experiment", "pretrain", "--preset", "tiny", "--corpus", INPUTS / "corpus", "--threads", "1",
+            "train.micro_batch_size=2", "logging.every=1"]
+    reference, out = tmp_path / "one", tmp_path / "fsdp"
+    one_process([*argv, "--out", reference, "--workers", "1"])
+    torchrun([*argv, "--out", out, "--parallel", "fsdp"])
+    for arm in ("t2mlr_middle", "t2mlr_full", "transformer"):
+        assert_same_training(out / arm, reference / arm)
+    got, want = results(out)["results"], results(reference)["results"]
+    assert [(r["model"], r["path"], r["tokens"]) for r in got] == [(r["model"], r["path"], r["tokens"]) for r in want]
+    assert [r["loss"] for r in got] == pytest.approx([r["loss"] for r in want], rel=1e-6)

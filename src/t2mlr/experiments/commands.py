@@ -122,10 +122,10 @@ def ranks(tree: dict[str, Any]) -> Iterator[DistEnv]:
     """The experiment's one process group under torchrun (every arm trains in it, with train.parallel; see
     `t2mlr.training.distributed.process_group`), or one process. torchrun with train.parallel none is refused:
     every rank would train and write a copy of every arm."""
-    from t2mlr.training.config import config_from_tree
+    from t2mlr.training.config import TrainLoopConfig
     from t2mlr.training.distributed import process_group
 
-    train = config_from_tree(tree).train
+    train = TrainLoopConfig(**tree.get("train", {}))  # the train section alone: the data may not be filled in yet
     if launched_by_torchrun() and int(os.environ["WORLD_SIZE"]) > 1 and train.parallel == "none":
         raise ValueError("launched by torchrun without data parallelism: pass --parallel ddp or --parallel fsdp")
     with process_group(train.parallel, train.device) as env:
@@ -154,7 +154,11 @@ def dry_run(args: argparse.Namespace, title: str, words: Sequence[str], arms: An
 def launch_words(args: argparse.Namespace, head: Sequence[str], overrides: Sequence[str], out: Path | str,
                  flags: dict[str, Any] | None = None) -> list[str]:
     """The experiment's command line after `t2mlr` (for the launch line): its words, preset and --out, the
-    flags that are not overrides, and every override (the flags that spell one included)."""
+    flags that are not overrides, and every override (the flags that spell one included; --parallel as itself)."""
+    parallel = getattr(args, "parallel", None)
+    if parallel is not None:
+        overrides = [word for word in overrides if word != setting("train.parallel", parallel)]
+        flags = {**(flags or {}), "--parallel": parallel}
     words = [*head, "--preset", args.preset, "--out", str(out)]
     for flag, value in (flags or {}).items():
         if value is None or value is False:
