@@ -252,3 +252,31 @@ def test_pretrain_under_torchrun_with_fsdp_matches_one_process(tmp_path: Path) -
     got, want = results(out)["results"], results(reference)["results"]
     assert [(r["model"], r["path"], r["tokens"]) for r in got] == [(r["model"], r["path"], r["tokens"]) for r in want]
     assert [r["loss"] for r in got] == pytest.approx([r["loss"] for r in want], rel=1e-6)
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_widening_a_batch_leaves_the_exact_path_loss_and_its_gradients_unchanged() -> None:
+    """The padding FSDP ranks add to reach a common width (`Collator.widen`) is masked from attention and loss."""
+    from t2mlr.training.config import load_config
+    from t2mlr.training.data import Collator
+    from t2mlr.training.model_factory import build_model
+
+    torch.manual_seed(0)
+    model = build_model(load_config("debug", ["model.base.hidden_size=32", "model.base.intermediate_size=64",
+                                              "model.base.num_hidden_layers=3", "model.base.vocab_size=32",
+                                              "model.l_start=2", "model.l_end=2"]).model).double()
+    collator = Collator(pad_token_id=0)
+    ragged = collator([{"input_ids": torch.randint(1, 32, (n,))} for n in (5, 7)])  # padded: an attention mask
+    even = collator([{"input_ids": torch.randint(1, 32, (6,))} for _ in range(2)])  # not padded: none
+    for batch in (ragged, even):
+        wide = collator.widen(batch, batch["input_ids"].shape[1] + 3)
+        assert wide["input_ids"].shape[1] == batch["input_ids"].shape[1] + 3
+        losses, grads = [], []
+        for inputs in (batch, wide):
+            model.zero_grad()
+            loss = model(**inputs, recurrence="exact").loss
+            loss.backward()
+            losses.append(loss.detach())
+            grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+        torch.testing.assert_close(losses[1], losses[0], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(grads[1], grads[0], rtol=1e-10, atol=1e-12)
