@@ -3,6 +3,7 @@ importing torch or transformers (only the chosen command's module is imported)."
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -37,15 +38,18 @@ def help_output(argv: list[str]) -> str:
     return subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
 
 
-def run_in_fresh_interpreter(argv: list[str], heavy: tuple[str, ...] = ("torch", "transformers")) -> subprocess.CompletedProcess:
-    """Run `t2mlr ARGV` in a fresh interpreter; stdout ends with its exit code and which of `heavy` it loaded
-    (`EXIT 2 LOADED []`: refused before any heavy library was imported)."""
+def run_in_fresh_interpreter(argv: list[str], heavy: tuple[str, ...] = ("torch", "transformers"),
+                             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run `t2mlr ARGV` in a fresh interpreter (with `env`, e.g. torchrun's variables, added to this one's);
+    stdout ends with its exit code and which of `heavy` it loaded (`EXIT 2 LOADED []`: refused before any heavy
+    library was imported)."""
     probe = (
         "import sys\nfrom t2mlr.cli import main\n"
         f"code = main({argv!r})\n"
         f"print('EXIT', code, 'LOADED', sorted(m for m in {heavy!r} if m in sys.modules))"
     )
-    return subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    return subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                          env={**os.environ, **(env or {})})
 
 
 def test_top_level_help_imports_neither_torch_nor_transformers() -> None:

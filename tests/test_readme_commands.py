@@ -118,6 +118,17 @@ COVERED_BY = {
         "tests/test_corpus_training.py::test_training_reads_shards_and_keeps_document_starts",
     "torchrun --nproc_per_node 8 -m t2mlr train smollm2_135m_13_18 --out runs/135m_13_18 --parallel fsdp":
         "tests/test_training_distributed.py::test_fsdp_two_ranks_match_single_process_across_resume",
+    # docs/scale.md: every experiment under torchrun, at a tiny scale on 2 gloo processes
+    "torchrun --nproc_per_node 4 -m t2mlr experiment finetune gsm-aug --preset paper --data whynlp/gsm8k-aug "
+    "--from runs/pretrained --out runs/ft_gsm --parallel fsdp":
+        "tests/test_experiments_distributed.py::test_finetune_launch_line_of_the_dry_run_runs_under_torchrun_with_fsdp",
+    "torchrun --nproc_per_node 8 -m t2mlr experiment retrofit --preset paper --train-path data/omr.parquet --eval-path "
+    "data/gsm8k_test.jsonl --out runs/retrofit_gsm8k --parallel fsdp model.l_end=24 train.micro_batch_size=1":
+        "tests/test_experiments_distributed.py::test_retrofit_under_torchrun_with_ddp_matches_one_process",
+    "torchrun --nproc_per_node 8 -m t2mlr experiment s5-retrieval --preset paper --out runs/s5 --parallel ddp "
+    "train.micro_batch_size=8": "tests/test_experiments_distributed.py::test_s5_retrieval_under_torchrun_with_fsdp_matches_one_process",
+    "torchrun --nproc_per_node 2 -m t2mlr experiment pretrain --preset cpu --out runs/pretrain_2ranks --parallel ddp "
+    "train.micro_batch_size=4": "tests/test_experiments_distributed.py::test_pretrain_under_torchrun_with_fsdp_matches_one_process",
     "t2mlr eval run --model t2mlr --model_args pretrained=DIR,recurrence=exact --tasks arc_easy,hellaswag "
     "--batch_size 8": "tests/test_lm_eval.py",
     "t2mlr params --base smollm2-135m --t2mlr 13,18 --looped full:2 --looped 9-22:3 --pause 2":

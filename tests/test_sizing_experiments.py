@@ -168,7 +168,7 @@ def test_the_issue_command_from_a_shell(tmp_path) -> None:
     assert done.returncode == 0, done.stderr
     for part in ("t2mlr:13-18", "t2mlr:1-30", "transformer", "total: 5 arms, 40,000 steps", "GPU-hours",
                  "torchrun --nproc_per_node 4 -m t2mlr experiment finetune gsm-aug --preset paper",
-                 "train.parallel=fsdp", "sized as a checkpoint of the preset's backbone"):
+                 "--parallel fsdp", "sized as a checkpoint of the preset's backbone"):
         assert part in done.stdout
     assert list(tmp_path.iterdir()) == []
 

@@ -9,6 +9,7 @@
   same names read from the source, before the class's module (and transformers) is imported.
 * `load_tokenizer`: a Hugging Face tokenizer from a directory, a bare tokenizer.json or a hub id, with
   errors that say what is missing; `prompt_ids`: a prompt's token ids as training and generation read it.
+* `launched_by_torchrun`: read from the environment, so a command refuses a launch before torch loads.
 """
 
 from __future__ import annotations
@@ -123,6 +124,11 @@ def free_cores() -> int:
     if not hasattr(os, "getloadavg"):
         return cores
     return max(1, min(cores, round(cores - os.getloadavg()[0])))
+
+
+def launched_by_torchrun() -> bool:
+    """Whether torchrun started this process (it sets RANK and WORLD_SIZE for every process it starts)."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
 def lazy_names(package: str, homes: dict[str, str]) -> Callable[[str], Any]:

@@ -30,6 +30,7 @@ from t2mlr.generation.loading import load_model
 from t2mlr.model import is_t2mlr
 from t2mlr.training.config import DataConfig, config_from_tree
 from t2mlr.training.data import Collator, build_dataset, count_targets, labels_aligned
+from t2mlr.training.distributed import DistEnv, shard_and_gather
 from t2mlr.training.model_factory import RECURRENCE_ONLY_INPUTS
 from t2mlr.utils import IGNORE_INDEX, TOKENIZER_FILES
 
@@ -212,22 +213,29 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def validation_loss(model: nn.Module, batches: Sequence[dict[str, torch.Tensor]], **path: Any) -> dict[str, float]:
+def validation_loss(model: nn.Module, batches: Sequence[dict[str, torch.Tensor]], env: DistEnv | None = None,
+                    **path: Any) -> dict[str, float]:
     """Mean token loss (nats) and perplexity over `batches`, every token weighted equally; `path` are the
-    forward-path arguments (recurrence, d_forward, ...), for T²MLR models only."""
+    forward-path arguments (recurrence, d_forward, ...), for T²MLR models only. Under torchrun (`env`) the
+    batches are shared out over the ranks; the sum runs in the batches' order, so the result is one process's."""
     if path and not is_t2mlr(model):
         raise ValueError(f"forward-path arguments {sorted(path)} apply to T²MLR models only")
     device = next(model.parameters()).device
-    total, targets = 0.0, 0
     started = time.perf_counter()
+
+    def batch_loss(batch: dict[str, torch.Tensor]) -> tuple[float, int]:
+        inputs = model_inputs(model, batch, device)
+        labels = inputs.pop("labels")
+        logits = model(**inputs, **path).logits
+        n = count_targets({"labels": labels})
+        return float(causal_lm_loss(logits.float(), labels)) * n, n
+
     with fixed_depth(model):
-        for batch in batches:
-            inputs = model_inputs(model, batch, device)
-            labels = inputs.pop("labels")
-            logits = model(**inputs, **path).logits
-            n = count_targets({"labels": labels})
-            total += float(causal_lm_loss(logits.float(), labels)) * n
-            targets += n
+        losses = shard_and_gather(batches, batch_loss, env)
+    total, targets = 0.0, 0
+    for loss_sum, n in losses:
+        total += loss_sum
+        targets += n
     if targets == 0:
         raise ValueError("the evaluation batches hold no scored token")
     loss = total / targets

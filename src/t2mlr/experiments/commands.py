@@ -21,13 +21,19 @@ directory without --resume or --overwrite).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from t2mlr.training.commands import accept_trailing_overrides, add_dry_run_options, sizing_refusal
+from t2mlr.training.commands import accept_trailing_overrides, add_dry_run_options, parallel_refusal, sizing_refusal
+from t2mlr.utils import launched_by_torchrun
+
+if TYPE_CHECKING:
+    from t2mlr.training.distributed import DistEnv
 
 __all__ = ["main", "register"]
 
@@ -70,7 +76,7 @@ def _guarded(command: str, work: Callable[[argparse.Namespace], Any]) -> Callabl
         from t2mlr.training.config import ConfigError
         from t2mlr.training.exit_codes import BAD_INPUT, run_with_exit_codes
 
-        refusal = sizing_refusal(args) if hasattr(args, "dry_run") else None
+        refusal = (sizing_refusal(args) if hasattr(args, "dry_run") else None) or launch_refusal(command, args)
         if refusal is not None:
             print(f"t2mlr experiment {command}: {refusal}", file=sys.stderr)
             return BAD_INPUT
@@ -84,6 +90,46 @@ def _guarded(command: str, work: Callable[[argparse.Namespace], Any]) -> Callabl
         return run_with_exit_codes(f"t2mlr experiment {command}", lambda: checked())[0]
 
     return handler
+
+
+def launch_refusal(command: str, args: argparse.Namespace) -> str | None:
+    """Why the experiment cannot run as launched, before any config is read or torch loads (None when it can):
+    `--parallel ddp|fsdp` outside torchrun (`t2mlr train`'s check), and under torchrun a command without
+    `--parallel` (it runs in one process) or more than one worker (the arms train in turn over every rank)."""
+    if getattr(args, "dry_run", False):
+        return None
+    if hasattr(args, "parallel"):
+        task = [args.task] if hasattr(args, "task") else []
+        out = ["--out", args.out] if getattr(args, "out", None) is not None else []
+        refusal = parallel_refusal(args.parallel, ["experiment", command, *task, "--preset", args.preset, *out])
+        if refusal is not None:
+            return refusal
+    if not launched_by_torchrun():
+        return None
+    if not hasattr(args, "parallel"):
+        why = ("a CPU study that trains in its own worker processes" if command == "s5-evidence"
+               else "it trains nothing and runs in one process")
+        return f"runs without torchrun ({why}): launch it as `t2mlr experiment {command} ...`"
+    workers = getattr(args, "workers", None)
+    if workers is not None and workers > 1:
+        return (f"--workers {workers} under torchrun: the arms train in turn, each over every rank (drop --workers, "
+                "or run without torchrun to train arms side by side)")
+    return None
+
+
+@contextlib.contextmanager
+def ranks(tree: dict[str, Any]) -> Iterator[DistEnv]:
+    """The experiment's one process group under torchrun (every arm trains in it, with train.parallel; see
+    `t2mlr.training.distributed.process_group`), or one process. torchrun with train.parallel none is refused:
+    every rank would train and write a copy of every arm."""
+    from t2mlr.training.config import TrainLoopConfig
+    from t2mlr.training.distributed import process_group
+
+    train = TrainLoopConfig(**tree.get("train", {}))  # the train section alone: the data may not be filled in yet
+    if launched_by_torchrun() and int(os.environ["WORLD_SIZE"]) > 1 and train.parallel == "none":
+        raise ValueError("launched by torchrun without data parallelism: pass --parallel ddp or --parallel fsdp")
+    with process_group(train.parallel, train.device) as env:
+        yield env
 
 
 DRY_RUN_HELP = ("size every arm the experiment would train (parameters, memory per device, FLOPs, step time, "
@@ -108,7 +154,11 @@ def dry_run(args: argparse.Namespace, title: str, words: Sequence[str], arms: An
 def launch_words(args: argparse.Namespace, head: Sequence[str], overrides: Sequence[str], out: Path | str,
                  flags: dict[str, Any] | None = None) -> list[str]:
     """The experiment's command line after `t2mlr` (for the launch line): its words, preset and --out, the
-    flags that are not overrides, and every override (the flags that spell one included)."""
+    flags that are not overrides, and every override (the flags that spell one included; --parallel as itself)."""
+    parallel = getattr(args, "parallel", None)
+    if parallel is not None:
+        overrides = [word for word in overrides if word != setting("train.parallel", parallel)]
+        flags = {**(flags or {}), "--parallel": parallel}
     words = [*head, "--preset", args.preset, "--out", str(out)]
     for flag, value in (flags or {}).items():
         if value is None or value is False:
@@ -145,6 +195,10 @@ def _common(p: argparse.ArgumentParser, prefix: str, default: str, out: Path | N
                            help="continue existing runs in --out from their latest checkpoints (finished ones are only "
                                 "re-evaluated)")
         group.add_argument("--overwrite", action="store_true", help="delete existing runs in --out first")
+    p.add_argument("--parallel", choices=("none", "ddp", "fsdp"), default=None,
+                   help="data parallelism under torchrun (train.parallel of every arm): `torchrun --nproc_per_node N "
+                        "-m t2mlr experiment ... --parallel fsdp` trains each arm in turn over every rank and shares "
+                        "the evaluation out (docs/scale.md); ddp and fsdp need torchrun")
     add_dry_run_options(p, DRY_RUN_HELP)
     accept_trailing_overrides(p)
 
@@ -158,7 +212,8 @@ def _s5_overrides(args: argparse.Namespace) -> list[str]:
     return flag_overrides(args, {"steps": ("train.max_steps", "task.baseline_steps"), "seed": ("train.seed",),
                                  "checkpoint_every": ("checkpoint.every",), "threads": ("task.torch_threads",),
                                  "train_recurrence": ("model.train_recurrence",), "d_forward": ("model.d_forward",),
-                                 "d_backward": ("model.d_backward",), "device": ("train.device",)})
+                                 "d_backward": ("model.d_backward",), "device": ("train.device",),
+                                 "parallel": ("train.parallel",)})
 
 
 def _run_s5(args: argparse.Namespace) -> Any:
@@ -178,7 +233,8 @@ def _run_s5(args: argparse.Namespace) -> Any:
         return dry_run(args, f"t2mlr experiment s5-retrieval --preset {args.preset}",
                        launch_words(args, ["experiment", "s5-retrieval"], _s5_overrides(args), args.out,
                                     {"--models": models}), arms, notes)
-    return s5.run(args.preset, task, tree, args.out, tuple(args.models), args.resume, args.overwrite, args.workers)
+    with ranks(tree):
+        return s5.run(args.preset, task, tree, args.out, tuple(args.models), args.resume, args.overwrite, args.workers)
 
 
 def _add_s5(sub: Any) -> None:
@@ -265,6 +321,10 @@ def _run_s5_evidence(args: argparse.Namespace) -> Any:
     if args.dry_run:
         from t2mlr.experiments.s5_evidence import dry_run_arms
 
+        if args.devices is not None and args.devices > 1:
+            raise ValueError(f"--devices {args.devices}: the study trains in one process and its own workers, not "
+                             "under torchrun; size it on one device (or size its arms with s5-retrieval --models)")
+
         arms, notes = dry_run_arms(args.preset, args.seeds, args.out, overrides)
         words = launch_words(args, ["experiment", "s5-evidence"], overrides, args.out,
                              {"--seeds": args.seeds, "--report": args.report})
@@ -336,7 +396,7 @@ def _run_finetune(args: argparse.Namespace) -> Any:
                                       "train_size": ("task.train_size",), "eval_size": ("task.eval_size",),
                                       "prefill": ("task.prefill",), "eval_batch_size": ("eval.batch_size",),
                                       "recurrence_mask_policy": ("model.recurrence_mask_policy",),
-                                      "device": ("train.device",)})
+                                      "device": ("train.device",), "parallel": ("train.parallel",)})
     if args.out is None and not args.dry_run:
         raise ValueError("--out is required (the output directory), unless --dry-run")
     if get_task(args.task).needs_data and not args.dry_run:  # a missing data file is reported before torch loads
@@ -357,7 +417,8 @@ def _run_finetune(args: argparse.Namespace) -> Any:
         return dry_run(args, f"t2mlr experiment finetune {args.task} --preset {args.preset}",
                        launch_words(args, ["experiment", "finetune", args.task], overrides, out, flags), arms, notes)
     _set_threads(args.threads)
-    return finetune.run(plan, args.out, resume=args.resume, overwrite=args.overwrite, workers=args.workers)
+    with ranks(tree):
+        return finetune.run(plan, args.out, resume=args.resume, overwrite=args.overwrite, workers=args.workers)
 
 
 def _run_finetune_summary(args: argparse.Namespace) -> Any:
@@ -450,15 +511,17 @@ def _run_retrofit(args: argparse.Namespace) -> Any:
                                       "gguf_file": ("model.gguf_file",), "train_path": ("task.train_path",),
                                       "eval": ("task.eval_data",), "eval_path": ("task.eval_path",),
                                       "recurrence_mask_policy": ("model.recurrence_mask_policy",),
-                                      "device": ("train.device",)})
+                                      "device": ("train.device",), "parallel": ("train.parallel",)})
     task, tree = load(retrofit.config_name(args.preset), overrides, retrofit.RetrofitTask)
     if args.dry_run:
         arms, notes = retrofit.dry_run_arms(task, tree, args.out)
         return dry_run(args, f"t2mlr experiment retrofit --preset {args.preset}",
                        launch_words(args, ["experiment", "retrofit"], overrides, args.out), arms, notes)
     _set_threads(args.threads)
-    retrofit.run(args.preset, task, tree, args.out, overwrite=args.overwrite)
-    print((args.out / "results.md").read_text(encoding="utf-8"))
+    with ranks(tree) as env:
+        retrofit.run(args.preset, task, tree, args.out, overwrite=args.overwrite)
+        if env.is_main:
+            print((args.out / "results.md").read_text(encoding="utf-8"))
 
 
 def _run_retrofit_summary(args: argparse.Namespace) -> Any:
@@ -521,7 +584,8 @@ input or an existing run directory.
 def _run_pretrain(args: argparse.Namespace) -> Any:
     from t2mlr.experiments import pretrain
 
-    overrides = flag_overrides(args, {"steps": ("train.max_steps",), "device": ("train.device",)})
+    overrides = flag_overrides(args, {"steps": ("train.max_steps",), "device": ("train.device",),
+                                      "parallel": ("train.parallel",)})
     task, tree = load(pretrain.config_name(args.preset), overrides, pretrain.PretrainTask)
     if args.dry_run:
         arms, notes = pretrain.dry_run_arms(tree, args.out)
@@ -529,11 +593,13 @@ def _run_pretrain(args: argparse.Namespace) -> Any:
                        launch_words(args, ["experiment", "pretrain"], overrides, args.out, {"--corpus": args.corpus}),
                        arms, notes)
     _set_threads(args.threads)
-    payload = pretrain.run(args.preset, task, tree, args.out, corpus=args.corpus, workers=args.workers,
-                           resume=args.resume, overwrite=args.overwrite)
-    for row in payload["results"]:
-        print(json.dumps({k: row[k] for k in ("model", "path", "loss", "ppl")}))
-    print(f"wrote {Path(args.out) / 'results.md'}")
+    with ranks(tree) as env:
+        payload = pretrain.run(args.preset, task, tree, args.out, corpus=args.corpus, workers=args.workers,
+                               resume=args.resume, overwrite=args.overwrite)
+    if env.is_main:
+        for row in payload["results"]:
+            print(json.dumps({k: row[k] for k in ("model", "path", "loss", "ppl")}))
+        print(f"wrote {Path(args.out) / 'results.md'}")
 
 
 def _add_pretrain(sub: Any) -> None:

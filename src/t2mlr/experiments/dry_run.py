@@ -20,8 +20,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ArmSize", "ExperimentSize", "size_experiment"]
 
-TORCHRUN_NOTE = ("under torchrun every arm trains over every rank with its train.parallel (t2mlr.training.arms); "
-                 "the experiment's data preparation and evaluation are not yet rank-aware (issue 33)")
+TORCHRUN_NOTE = ("under torchrun the arms train in turn, each over every rank with --parallel; rank 0 prepares the "
+                 "data and writes the results, the evaluation is shared out over the ranks (docs/scale.md)")
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,7 @@ def size_experiment(title: str, command: Sequence[str], arms: Sequence[Arm], dev
     words = list(command)
     first = arms[0].config.train
     if devices > 1 and first.parallel == "none":
-        words.append(f"train.parallel={choose_parallel(arms[0].config, devices)}")
+        words += ["--parallel", choose_parallel(arms[0].config, devices)]
     all_notes = [*notes, *_arm_notes(sized)] + ([TORCHRUN_NOTE] if devices > 1 else [])
     return ExperimentSize(title, devices, kind, mfu, tuple(sized),
                           command_line(words, devices), tuple(all_notes))

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     from t2mlr.baselines.matching import ModelSpec
     from t2mlr.training.arms import Arm, TrainedArm
+    from t2mlr.training.distributed import DistEnv
 
 __all__ = ["ArmResult", "DeclaredVocabulary", "FinetunePlan", "FinetuneTask", "StartingPoint", "dry_run_arms", "rescore_predictions", "run",
            "wilson_interval", "write_summary"]
@@ -447,13 +448,17 @@ def rescore_predictions(task: str, path: str | Path) -> dict[str, float]:
     return {arm: c / n for arm, (c, n) in totals.items()}
 
 
-def evaluate(plan: FinetunePlan, trained: TrainedArm, tokenizer: Any, records: Sequence[dict[str, Any]]
-             ) -> tuple[ArmResult, list[dict[str, Any]], str]:
-    """One arm's greedy replies, scored: its result, its prediction rows and the device it ran on."""
+def evaluate(plan: FinetunePlan, trained: TrainedArm, tokenizer: Any, records: Sequence[dict[str, Any]],
+             env: DistEnv | None = None) -> tuple[ArmResult, list[dict[str, Any]], str]:
+    """One arm's greedy replies, scored: its result, its prediction rows and the device it ran on. Under
+    torchrun (`env`) the generation batches are shared out over the ranks, and every rank gets every reply."""
+    from functools import partial
+
     from t2mlr.baselines.matching import count_parameters
     from t2mlr.generation.text import GenerationSettings, generate_batched
     from t2mlr.model import is_t2mlr
     from t2mlr.training.arms import load_trained
+    from t2mlr.training.distributed import shard_and_gather
     from t2mlr.training.metrics import read_metrics
 
     model, device = load_trained(trained)
@@ -463,7 +468,8 @@ def evaluate(plan: FinetunePlan, trained: TrainedArm, tokenizer: Any, records: S
                                   prefill_depth=plan.prefill_depth if jacobi else None)
     started = time.perf_counter()
     texts = generate_batched(model, tokenizer, [r["prompt"] for r in records], settings,
-                             arm.config.eval.batch_size, desc=f"eval {arm.name}")
+                             arm.config.eval.batch_size, desc=f"eval {arm.name}",
+                             map_batches=partial(shard_and_gather, env=env))
     eval_seconds = time.perf_counter() - started
     rows = prediction_rows(task.name, arm.name, records, texts)
     correct = sum(r["correct"] for r in rows)
@@ -569,17 +575,24 @@ def write_results(out: Path, plan: FinetunePlan, results: Sequence[ArmResult], f
 def run(plan: FinetunePlan, out: str | Path, resume: bool = False, overwrite: bool = False,
         workers: int | None = None) -> list[ArmResult]:
     """Data → one training per arm (side by side in `workers` processes on a CPU) → batched greedy evaluation
-    → results (see the module docstring)."""
+    → results (see the module docstring). Under torchrun rank 0 writes the data and the results, every arm
+    trains over every rank and the evaluation is shared out (docs/scale.md)."""
     from tqdm.auto import tqdm
 
     from t2mlr.analysis.report import minutes
     from t2mlr.tasks.jsonl import write_jsonl
     from t2mlr.training.arms import claim_run_dirs, resolve_workers, train_arms
+    from t2mlr.training.distributed import computed_by_main, current_env
 
     started, out = time.perf_counter(), Path(out)
-    claim_run_dirs(out, [s.dir_name for s in plan.specs], resume=resume, overwrite=overwrite)
-    tqdm.write(f"[finetune] {plan.task.name}, preset {plan.preset}: data → {out / 'data'}")
-    tokenizer, records, facts = prepare_data(plan, out / "data")
+    env = current_env(plan.tree["train"].get("device", "auto"))
+
+    def prepare() -> tuple[Any, list[dict[str, Any]], dict[str, Any]]:
+        claim_run_dirs(out, [s.dir_name for s in plan.specs], resume=resume, overwrite=overwrite)
+        tqdm.write(f"[finetune] {plan.task.name}, preset {plan.preset}: data → {out / 'data'}")
+        return prepare_data(plan, out / "data")
+
+    tokenizer, records, facts = computed_by_main(prepare, env)
     arms, target = build_arms(plan, filled_tree(plan, tokenizer, out / "data"))
     _check_before_training(arms)
     workers = resolve_workers(workers, len(arms), plan.tree["train"].get("device", "auto"))
@@ -588,9 +601,11 @@ def run(plan: FinetunePlan, out: str | Path, resume: bool = False, overwrite: bo
     trained, _ = train_arms(arms, out, resume, workers)
     results, rows, device = [], [], "cpu"
     for arm in arms:
-        result, arm_rows, device = evaluate(plan, trained[arm.name], tokenizer, records)
+        result, arm_rows, device = evaluate(plan, trained[arm.name], tokenizer, records, env)
         results.append(result)
         rows.extend(arm_rows)
+    if not env.is_main:
+        return results
     write_jsonl(rows, out / PREDICTIONS)
     wall = time.perf_counter() - started
     write_results(out, plan, results, facts, wall, device, workers, target)

@@ -28,7 +28,10 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from t2mlr.training.distributed import DistEnv
 
 __all__ = ["PretrainTask", "dry_run_arms", "run"]
 
@@ -126,22 +129,26 @@ def dry_run_arms(tree: dict[str, Any], out: str | Path) -> tuple[list[Any], list
 # ---------------------------------------------------------------------------------------------- this score
 
 
-def evaluate(task: PretrainTask, arms: list[Any], trained: dict[str, Any]) -> list[dict[str, Any]]:
+def evaluate(task: PretrainTask, arms: list[Any], trained: dict[str, Any], env: DistEnv | None = None
+             ) -> list[dict[str, Any]]:
     """One table row per (model, forward path): validation loss and perplexity on the same held-out rows, T²MLR
-    on the exact path and on the Jacobi path at its training depth."""
+    on the exact path and on the Jacobi path at its training depth. Under torchrun (`env`) the batches
+    are shared out over the ranks, every rank on its own device."""
     from t2mlr.analysis.common import describe_model, load_analysis_model, validation_loss
     from t2mlr.training.arms import validation_batches
+    from t2mlr.training.distributed import current_env
 
     batches = validation_batches(arms[0].config, task.eval_batches)
     model_cfg = arms[0].config.model
     jacobi = {"recurrence": "jacobi", "d_forward": model_cfg.d_forward, "d_backward": model_cfg.d_backward}
     rows = []
     for arm in arms:
-        model = load_analysis_model(trained[arm.name].model_dir, device=str(arm.config.train.device))
+        device = current_env(arm.config.train.device).device
+        model = load_analysis_model(trained[arm.name].model_dir, device=str(device))
         paths = [("plain", {})] if arm.name == "transformer" else [("exact", {"recurrence": "exact"}),
                                                                     (f"jacobi (d_forward {model_cfg.d_forward})", jacobi)]
         for path, call in paths:
-            result = validation_loss(model, batches, **call)
+            result = validation_loss(model, batches, env=env, **call)
             rows.append({"model": arm.name, "label": arm.label, "path": path,
                          "parameters": describe_model(model).parameters, **result})
     return rows
@@ -194,28 +201,37 @@ def results_markdown(preset: str, task: PretrainTask, tree: dict[str, Any], data
 
 def run(preset: str, task: PretrainTask, tree: dict[str, Any], out: str | Path, *, corpus: str | Path | None = None,
         workers: int | None = None, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
-    """The whole pipeline (see the module docstring); returns what results.json holds."""
+    """The whole pipeline (see the module docstring); returns what results.json holds. Under torchrun rank 0
+    prepares the data and writes the results, every arm trains over every rank and the validation batches are
+    shared out (docs/scale.md)."""
     import torch
 
     from t2mlr.analysis.figures import plot_loss_curves
     from t2mlr.analysis.report import write_result
     from t2mlr.training.arms import claim_run_dirs, resolve_workers, train_arms
+    from t2mlr.training.distributed import computed_by_main, current_env
 
     out = Path(out)
-    claim_run_dirs(out, ARMS, resume=resume, overwrite=overwrite)
+    env = current_env(tree["train"].get("device", "cpu"))
     started = time.perf_counter()
-    data = prepare_data(task, int(tree["model"]["base"]["vocab_size"]), out / "data",
-                        Path(corpus) if corpus is not None else None)
+
+    def prepare() -> PreparedData:
+        claim_run_dirs(out, ARMS, resume=resume, overwrite=overwrite)
+        return prepare_data(task, int(tree["model"]["base"]["vocab_size"]), out / "data",
+                            Path(corpus) if corpus is not None else None)
+
+    data = computed_by_main(prepare, env)
     arms = build_arms(tree, data)
     count = resolve_workers(workers, len(arms), tree["train"].get("device", "cpu"))
     trained, _ = train_arms(arms, out, resume=resume, workers=count)
     seconds = {name: arm.seconds for name, arm in trained.items()}
-    rows = evaluate(task, arms, trained)
+    rows = evaluate(task, arms, trained, env)
     curves = loss_curves({arm.name: trained[arm.name].run_dir for arm in arms})
-    plot_loss_curves(curves, {arm.name: arm.label for arm in arms}, out / "loss_curves.png")
     payload = {"preset": {"name": preset, "steps": int(tree["train"]["max_steps"]), **asdict(task),
                           "description": describe(tree)}, "data": data.summary,
                "results": rows, "train_seconds": seconds, "workers": count, "torch_threads": torch.get_num_threads(),
                "wall_seconds": time.perf_counter() - started, "curves": curves}
-    write_result(out, "results", results_markdown(preset, task, tree, data, rows, seconds, count), payload)
+    if env.is_main:
+        plot_loss_curves(curves, {arm.name: arm.label for arm in arms}, out / "loss_curves.png")
+        write_result(out, "results", results_markdown(preset, task, tree, data, rows, seconds, count), payload)
     return payload

@@ -27,9 +27,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from t2mlr.tasks.arithmetic import ArithmeticSettings
+
+if TYPE_CHECKING:
+    from t2mlr.training.distributed import DistEnv
 
 __all__ = ["ARMS", "EVAL_METRICS", "RetrofitTask", "dry_run_arms", "rescore_run", "run", "score_reply", "seeds_summary",
            "write_summary"]
@@ -182,15 +185,20 @@ def score_reply(eval_data: str, reply: str, answer: str) -> dict[str, dict[str, 
 
 
 def evaluate_greedy(model: Any, tokenizer: Any, records: Sequence[dict[str, str]], max_new_tokens: int,
-                    batch_size: int, label: str = "eval", eval_data: str = "arithmetic") -> list[dict[str, Any]]:
+                    batch_size: int, label: str = "eval", eval_data: str = "arithmetic",
+                    env: DistEnv | None = None) -> list[dict[str, Any]]:
     """Greedy replies to every record's prompt, scored by every metric of `eval_data`; `correct` is the
     headline metric's verdict (a T²MLR model's prompt on the exact path, masked from the fusion when its
-    recurrence_mask_policy is "mask", as in training)."""
+    recurrence_mask_policy is "mask", as in training). Under torchrun (`env`) the batches are
+    shared out over the ranks, and every rank gets every reply."""
+    from functools import partial
+
     from t2mlr.generation.text import GenerationSettings, generate_batched
+    from t2mlr.training.distributed import shard_and_gather
 
     replies = generate_batched(model, tokenizer, [r["prompt"] for r in records],
                                GenerationSettings(max_new_tokens=max_new_tokens), batch_size, bos=False,
-                               desc=f"evaluate {label}")
+                               desc=f"evaluate {label}", map_batches=partial(shard_and_gather, env=env))
     predictions = []
     for record, reply in zip(records, replies):
         scores = score_reply(eval_data, reply, record["answer"])
@@ -239,32 +247,44 @@ def _check_out(out: Path, overwrite: bool) -> None:
 
 
 def run(preset: str, task: RetrofitTask, tree: dict[str, Any], out: Path, overwrite: bool = False) -> dict[str, Any]:
-    """Run the whole experiment into `out` and return what results.json holds."""
+    """Run the whole experiment into `out` and return what results.json holds. Under torchrun rank 0 reads the
+    data, saves the base and writes every result, both arms train over every rank and every evaluation is
+    shared out over the ranks (docs/scale.md)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from t2mlr.analysis.report import write_result
     from t2mlr.baselines.matching import count_parameters
     from t2mlr.tasks.jsonl import write_jsonl
     from t2mlr.training.arms import load_trained, train_arms
+    from t2mlr.training.distributed import computed_by_main, current_env
     from t2mlr.training.metrics import read_metrics
 
     seed = int(tree["train"]["seed"])
-    train_records, eval_records = build_records(task, seed)  # bad data fails before any weight is loaded
-    _check_out(out, overwrite)
+    env = current_env(tree["train"].get("device", "auto"))
     started = time.perf_counter()
-    base_dir, load_seconds = prepare_base(tree, out)
+
+    def prepare() -> tuple[list[dict[str, str]], int, Path, float]:
+        train_records, eval_records = build_records(task, seed)  # bad data fails before any weight is loaded
+        _check_out(out, overwrite)
+        base_dir, load_seconds = prepare_base(tree, out)
+        write_jsonl(train_records, out / "data" / "train.jsonl")
+        write_jsonl(eval_records, out / "data" / "eval.jsonl")
+        return eval_records, len(train_records), base_dir, load_seconds
+
+    eval_records, train_rows, base_dir, load_seconds = computed_by_main(prepare, env)
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     train_file = out / "data" / "train.jsonl"
-    write_jsonl(train_records, train_file)
-    write_jsonl(eval_records, out / "data" / "eval.jsonl")
 
     def evaluate(name: str, model: Any) -> dict[str, Any]:
         predictions = evaluate_greedy(model, tokenizer, eval_records, task.max_new_tokens,
-                                      int(tree["eval"]["batch_size"]), name, task.eval_data)
-        write_jsonl(predictions, out / "predictions" / f"{name}.jsonl")
+                                      int(tree["eval"]["batch_size"]), name, task.eval_data, env)
+        if env.is_main:
+            write_jsonl(predictions, out / "predictions" / f"{name}.jsonl")
         return model_scores(predictions, task.eval_data)
 
-    models = {"base": evaluate("base", AutoModelForCausalLM.from_pretrained(base_dir, dtype="float32"))}
+    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype="float32").to(env.device)
+    models = {"base": evaluate("base", base)}
+    del base
     for arm in build_arms(task, tree, base_dir, train_file, tokenizer.pad_token_id):
         trained = train_arms([arm], out / "runs")[0][arm.name]
         model, _ = load_trained(trained)
@@ -280,10 +300,11 @@ def run(preset: str, task: RetrofitTask, tree: dict[str, Any], out: Path, overwr
     results = {"preset": {"name": preset, "seed": seed, "steps": int(tree["train"]["max_steps"]),
                           "source": tree["model"]["pretrained"], "gguf_file": tree["model"].get("gguf_file"),
                           **asdict(task)}, "metrics": list(EVAL_METRICS[task.eval_data]),
-               "eval_problems": len(eval_records), "train_rows": len(train_records), "base_load_seconds": load_seconds,
+               "eval_problems": len(eval_records), "train_rows": train_rows, "base_load_seconds": load_seconds,
                "total_seconds": time.perf_counter() - started, "models": models}
-    write_result(out, "results", results_markdown(results, tree), results)
-    plot(results, out / "retrofit.png")
+    if env.is_main:
+        write_result(out, "results", results_markdown(results, tree), results)
+        plot(results, out / "retrofit.png")
     return results
 
 

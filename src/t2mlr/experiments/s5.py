@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from t2mlr.baselines.matching import ModelSpec
     from t2mlr.training.arms import Arm, TrainedArm
     from t2mlr.training.config import TrainConfig
+    from t2mlr.training.distributed import DistEnv
 
 __all__ = ["MODEL_NAMES", "S5Plan", "S5Task", "dry_run_arms", "evaluate_by_n", "finish", "plan", "run"]
 
@@ -366,15 +367,17 @@ def forward_kwargs(model: Any, path: Mapping[str, Any] | None = None) -> dict[st
 
 def evaluate_by_n(model: Any, samples: Sequence[Mapping[str, Any]], tokenizer: Any, batch_size: int,
                   device: torch.device | str = "cpu", desc: str = "eval", path: Mapping[str, Any] | None = None,
-                  ) -> dict[int, NMetrics]:
+                  env: DistEnv | None = None) -> dict[int, NMetrics]:
     """Per-N metrics (teacher-forced; T²MLR on the exact path, or on `path`): each model reads the whole input
     once, its prediction at position t is argmax(logits[t]), scored against target[t] after the delimiter
-    (`t2mlr.tasks.scoring`). Rows of one N have one length, so batches need no padding."""
+    (`t2mlr.tasks.scoring`). Rows of one N have one length, so batches need no padding. Under torchrun
+    (`env`) the batches are shared out over the ranks and the scores gathered back in order."""
     import torch
     from tqdm.auto import tqdm
 
     from t2mlr.analysis.common import fixed_depth
     from t2mlr.tasks.scoring import aggregate_s5_by_n, score_s5_prediction
+    from t2mlr.training.distributed import shard_and_gather
 
     def ids(tokens: Sequence[str]) -> list[int]:
         found = tokenizer.convert_tokens_to_ids(list(tokens))
@@ -387,20 +390,23 @@ def evaluate_by_n(model: Any, samples: Sequence[Mapping[str, Any]], tokenizer: A
     groups: dict[int, list[Mapping[str, Any]]] = {}
     for sample in samples:
         groups.setdefault(int(sample["n"]), []).append(sample)
-    was_training, records = model.training, []
+    batches = [(n, group[start : start + batch_size]) for n, group in sorted(groups.items())
+               for start in range(0, len(group), batch_size)]
+    was_training = model.training
     model.eval()
     try:
         with torch.no_grad(), fixed_depth(model), tqdm(total=len(samples), desc=desc, unit="seq",
                                                        dynamic_ncols=True) as bar:
-            for n, group in sorted(groups.items()):
-                for start in range(0, len(group), batch_size):
-                    chunk = group[start : start + batch_size]
-                    inputs = torch.tensor([ids(s["input_tokens"]) for s in chunk], device=device)
-                    predicted = model(input_ids=inputs, **kwargs).logits.argmax(dim=-1).cpu()
-                    for sample, row in zip(chunk, predicted.tolist()):
-                        score = score_s5_prediction(row, ids(sample["target_tokens"]), int(sample["score_start"]))
-                        records.append((n, score))
-                    bar.update(len(chunk))
+
+            def score(batch: tuple[int, list[Mapping[str, Any]]]) -> list[tuple[int, Any]]:
+                n, chunk = batch
+                inputs = torch.tensor([ids(s["input_tokens"]) for s in chunk], device=device)
+                predicted = model(input_ids=inputs, **kwargs).logits.argmax(dim=-1).cpu()
+                bar.update(len(chunk))
+                return [(n, score_s5_prediction(row, ids(sample["target_tokens"]), int(sample["score_start"])))
+                        for sample, row in zip(chunk, predicted.tolist())]
+
+            records = [record for part in shard_and_gather(batches, score, env) for record in part]
     finally:
         model.train(was_training)
     return {n: NMetrics(em, acc, count) for n, (em, acc, count) in aggregate_s5_by_n(records).items()}
@@ -427,9 +433,10 @@ def describe_path(cfg: TrainConfig) -> str:
     return m.train_recurrence
 
 
-def evaluate(plan: S5Plan, trained: Mapping[str, TrainedArm]) -> tuple[list[ModelResult], str]:
-    """Per-N evaluation of every trained model (the others are left out), on the task's torch threads;
-    returns the results and the device they ran on."""
+def evaluate(plan: S5Plan, trained: Mapping[str, TrainedArm], env: DistEnv | None = None
+             ) -> tuple[list[ModelResult], str]:
+    """Per-N evaluation of every trained model (the others are left out), on the task's torch threads, shared
+    out over the ranks under torchrun (`env`); returns the results and the device they ran on."""
     from t2mlr.baselines.matching import count_parameters
     from t2mlr.training.arms import fixed_threads, load_trained
 
@@ -442,7 +449,7 @@ def evaluate(plan: S5Plan, trained: Mapping[str, TrainedArm]) -> tuple[list[Mode
             device_name = str(device)
             started = time.perf_counter()
             per_n = evaluate_by_n(model, plan.eval_samples, plan.tokenizer, plan.arms[name].config.eval.batch_size,
-                                  device, desc=f"eval {name}")
+                                  device, desc=f"eval {name}", env=env)
             results.append(ModelResult(
                 name=name, label=label_of(name), parameters=count_parameters(model), steps=plan.steps(name),
                 train_seconds=trained[name].seconds, eval_seconds=time.perf_counter() - started, per_n=per_n,
@@ -540,14 +547,17 @@ def describe(plan: S5Plan) -> list[str]:
 
 
 def finish(plan: S5Plan, trained: Mapping[str, TrainedArm], started: float, workers: int,
-           failures: Mapping[str, str] | None = None) -> list[ModelResult]:
-    """Evaluate the trained models and write results.md, results.json and accuracy_vs_length.png."""
+           failures: Mapping[str, str] | None = None, env: DistEnv | None = None) -> list[ModelResult]:
+    """Evaluate the trained models and write results.md, results.json and accuracy_vs_length.png (under
+    torchrun, `env`: every rank evaluates its share, rank 0 writes)."""
     from tqdm.auto import tqdm
 
     from t2mlr.analysis.figures import plot_accuracy_vs_length
     from t2mlr.analysis.report import minutes, write_result
 
-    results, device = evaluate(plan, trained)
+    results, device = evaluate(plan, trained, env)
+    if env is not None and not env.is_main:
+        return results
     if results:
         curves = {r.label: {n: (m.exact_match, m.token_accuracy) for n, m in r.per_n.items()} for r in results}
         plot_accuracy_vs_length(curves, plan.task.train_n, plan.out / FIGURE,
@@ -592,11 +602,13 @@ def run(preset: str, task: S5Task, tree: dict[str, Any], out: str | Path, models
     from tqdm.auto import tqdm
 
     from t2mlr.training.arms import resolve_workers, train_arms
+    from t2mlr.training.distributed import computed_by_main, current_env
 
     started = time.perf_counter()
-    experiment = plan(preset, task, tree, out, models, resume, overwrite)
+    env = current_env(tree["train"].get("device", "auto"))
+    experiment = computed_by_main(lambda: plan(preset, task, tree, out, models, resume, overwrite), env)
     workers = resolve_workers(workers, len(experiment.models), tree["train"].get("device", "auto"))
     tqdm.write(f"[s5] training {', '.join(f'{label_of(n)} ({experiment.steps(n):,} steps)' for n in experiment.models)}"
                f" → {experiment.out}" + (f", {workers} at a time in worker processes" if workers > 1 else ""))
     trained, _ = train_arms(list(experiment.arms.values()), experiment.out, resume, workers)
-    return finish(experiment, trained, started, workers)
+    return finish(experiment, trained, started, workers, env=env)

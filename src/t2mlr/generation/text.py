@@ -11,7 +11,7 @@ it as a CUDA graph on a GPU.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +27,7 @@ __all__ = [
     "COMPILE_MODES",
     "PREFILL_PATHS",
     "GenerationSettings",
+    "MapBatches",
     "compiled_decoding_kwargs",
     "encode_prompt",
     "generate_batched",
@@ -35,6 +36,8 @@ __all__ = [
 ]
 
 COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")  # torch.compile modes, and off
+# how generate_batched runs its batches: (batches, generate one batch) -> the replies of every batch, in order
+MapBatches = Callable[[Sequence[list[str]], Callable[[list[str]], list[str]]], list[list[str]]]
 
 
 @dataclass
@@ -143,24 +146,41 @@ def left_padded(tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], bos:
 
 def generate_batched(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str],
                      settings: GenerationSettings, batch_size: int, bos: bool = True, desc: str = "generate",
-                     ) -> list[str]:
+                     map_batches: MapBatches | None = None) -> list[str]:
     """The continuation of every prompt (up to its first EOS, special tokens dropped), `batch_size` prompts at
     a time, left-padded; `bos` starts each prompt with the tokenizer's BOS, as the model was trained. A T²MLR
-    model with recurrence_mask_policy="mask" gets its prompts masked from the fusion, as in training."""
+    model with recurrence_mask_policy="mask" gets its prompts masked from the fusion, as in training.
+
+    `map_batches(batches, generate)` runs `generate` on every batch and returns the results in order (default:
+    here, one after another); under torchrun the experiments pass one that shares the batches out over the
+    ranks (`t2mlr.training.distributed.shard_and_gather`), so each rank generates a part and all get every reply."""
     kwargs = generate_kwargs(model, settings)
     masked = is_t2mlr(model) and model.config.recurrence_mask_policy == "mask"
     device = next(model.parameters()).device
-    texts: list[str] = []
+    batches = [list(prompts[lo : lo + batch_size]) for lo in range(0, len(prompts), batch_size)]
     model.eval()
-    for lo in tqdm(range(0, len(prompts), batch_size), desc=desc, unit="batch", dynamic_ncols=True, leave=False):
-        inputs = left_padded(tokenizer, prompts[lo : lo + batch_size], bos, device)
-        if masked:
-            inputs["recurrence_mask"] = torch.zeros_like(inputs["input_ids"], dtype=torch.bool)
-        with torch.no_grad():
-            out = model.generate(**inputs, **kwargs, pad_token_id=tokenizer.pad_token_id,
-                                 eos_token_id=tokenizer.eos_token_id)
-        for row in out[:, inputs["input_ids"].shape[1] :].tolist():
-            if tokenizer.eos_token_id in row:
-                row = row[: row.index(tokenizer.eos_token_id)]
-            texts.append(tokenizer.decode(row, skip_special_tokens=True))
-    return texts
+    with tqdm(total=len(batches), desc=desc, unit="batch", dynamic_ncols=True, leave=False) as bar:
+
+        def generate(batch: list[str]) -> list[str]:
+            inputs = left_padded(tokenizer, batch, bos, device)
+            if masked:
+                inputs["recurrence_mask"] = torch.zeros_like(inputs["input_ids"], dtype=torch.bool)
+            with torch.no_grad():
+                out = model.generate(**inputs, **kwargs, pad_token_id=tokenizer.pad_token_id,
+                                     eos_token_id=tokenizer.eos_token_id)
+            bar.update(1)
+            return [_reply(tokenizer, row) for row in out[:, inputs["input_ids"].shape[1] :].tolist()]
+
+        replies = (map_batches or _in_order)(batches, generate)
+    return [text for batch in replies for text in batch]
+
+
+def _in_order(batches: Sequence[list[str]], generate: Callable[[list[str]], list[str]]) -> list[list[str]]:
+    return [generate(batch) for batch in batches]
+
+
+def _reply(tokenizer: PreTrainedTokenizerBase, row: list[int]) -> str:
+    """A generated row's text up to its first EOS, special tokens dropped."""
+    if tokenizer.eos_token_id in row:
+        row = row[: row.index(tokenizer.eos_token_id)]
+    return tokenizer.decode(row, skip_special_tokens=True)

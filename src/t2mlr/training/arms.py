@@ -220,16 +220,14 @@ def _accumulated_seconds(run_dir: Path, spent: float) -> float:
     the time of all its attempts)."""
     path = run_dir / TIME_FILE
     total = spent + (json.loads(path.read_text(encoding="utf-8"))["seconds"] if path.is_file() else 0.0)
-    if dist_utils.launched_by_torchrun() and int(os.environ.get("RANK", "0")) != 0:
-        return total
     path.write_text(json.dumps({"seconds": total}) + "\n", encoding="utf-8")
     return total
 
 
 def load_trained(arm: TrainedArm) -> tuple[torch.nn.Module, torch.device]:
-    """The arm's model rebuilt from its config with its last checkpoint's weights, on the config's device, in
-    evaluation mode (exactly what was saved)."""
-    device = resolve_device(arm.arm.config.train.device)
+    """The arm's model rebuilt from its config with its last checkpoint's weights, on the config's device (under
+    torchrun: this rank's), in evaluation mode (exactly what was saved)."""
+    device = dist_utils.current_env(arm.arm.config.train.device).device
     model = build_model(arm.arm.config.model)
     load_initial_weights(model, arm.checkpoint)
     return model.to(device).eval(), device
@@ -253,10 +251,12 @@ def validation_batches(cfg: TrainConfig, max_batches: int | None = None) -> list
 
 def resolve_workers(requested: int | None, runs: int, device: torch.device | str = "cpu") -> int:
     """Worker processes: `requested`, or one per run up to torch's CPU threads on a CPU; 1 on a GPU and
-    under torchrun (where every rank trains each arm in turn)."""
+    under torchrun (where every rank trains each arm in turn: more is refused)."""
     if requested is not None and requested < 1:
         raise ValueError(f"workers must be >= 1, got {requested}")
     if dist_utils.launched_by_torchrun():
+        if requested is not None and requested > 1:
+            raise ValueError(f"--workers {requested} under torchrun: the arms train in turn, each over every rank")
         return 1
     if requested is not None:
         return min(requested, max(1, runs))
@@ -326,13 +326,15 @@ def _labelled(arm: Arm, line: int | None) -> Arm:
 
 
 def _train_one(arm: Arm, run_dir: Path, resume: bool) -> TrainedArm:
-    """Run the trainer on one arm in this process, on the arm's torch threads."""
+    """Run the trainer on one arm in this process, on the arm's torch threads. Under torchrun every rank trains
+    it; rank 0 records the time and hands it to the others once its run directory is complete (final/)."""
     started = time.perf_counter()
     with fixed_threads(arm.threads):
         result = train(arm.config, run_dir, resume=resume)
     if result.last_checkpoint is None:
         raise RuntimeError(f"training in {run_dir} ended without a checkpoint to evaluate")
-    seconds = _accumulated_seconds(run_dir, time.perf_counter() - started)
+    spent = time.perf_counter() - started
+    seconds = dist_utils.computed_by_main(lambda: _accumulated_seconds(run_dir, spent), dist_utils.current_env())
     return TrainedArm(arm, run_dir, Path(result.last_checkpoint), seconds)
 
 

@@ -7,6 +7,7 @@ import argparse
 import re
 import logging
 import os
+import shlex
 import sys
 import types
 from collections.abc import Sequence
@@ -207,17 +208,20 @@ def launch_refusal(args: argparse.Namespace) -> str | None:
         return refusal
     if args.out is None:
         return "--out is required (the run directory), unless --dry-run"
-    if args.parallel in ("ddp", "fsdp") and not _launched_by_torchrun():
-        return (f"--parallel {args.parallel} needs torchrun (one process per device), e.g. `torchrun "
-                f"--nproc_per_node 4 -m t2mlr train {args.config} --out {args.out} --parallel {args.parallel}`; "
-                "this is a single process (drop --parallel to train in one)")
-    return None
+    return parallel_refusal(args.parallel, ["train", args.config, "--out", args.out])
 
 
-def _launched_by_torchrun() -> bool:
-    from t2mlr.training.distributed import launched_by_torchrun  # imports torch: only for --parallel ddp|fsdp
+def parallel_refusal(parallel: str | None, words: Sequence[str]) -> str | None:
+    """Why `--parallel` cannot run as given (None when it can): ddp and fsdp need torchrun, one process per
+    device; in a single process they would not parallelise anything. `words`: the command after `t2mlr`, for
+    the example torchrun line. Reads the environment only (no torch), so the refusal comes at once."""
+    from t2mlr.utils import launched_by_torchrun
 
-    return launched_by_torchrun()
+    if parallel not in ("ddp", "fsdp") or launched_by_torchrun():
+        return None
+    example = " ".join(shlex.quote(str(word)) for word in ["-m", "t2mlr", *words, "--parallel", parallel])
+    return (f"--parallel {parallel} needs torchrun (one process per device), e.g. `torchrun --nproc_per_node 4 "
+            f"{example}`; this is a single process (drop --parallel to run in one)")
 
 
 def run_dry_run(args: argparse.Namespace, cfg: Any) -> int:

@@ -404,6 +404,25 @@ class Collator:
             batch["attention_mask"] = mask
         return batch
 
+    def widen(self, batch: dict[str, torch.Tensor], width: int) -> dict[str, torch.Tensor]:
+        """`batch` right-padded to `width` columns, as if a row that long had been in it: padding that is
+        masked from attention and from the loss, with positions that continue each row's. FSDP ranks pad to
+        a common width: the exact path runs the middle block once per column, and FSDP2's collectives run
+        with it, so unequal widths would leave the ranks waiting on each other."""
+        current = batch["input_ids"].shape[1]
+        if width <= current:
+            return batch
+        extra = width - current
+        widened = {key: torch.cat([value, value.new_full((value.shape[0], extra), _pad_value(key, self.pad_token_id))],
+                                  dim=1) if value.dim() == 2 and value.shape[1] == current else value
+                   for key, value in batch.items()}
+        if "position_ids" in batch:
+            widened["position_ids"][:, current:] = batch["position_ids"][:, -1:] + 1 + torch.arange(extra)
+        if "attention_mask" not in batch:
+            widened["attention_mask"] = torch.cat([torch.ones_like(batch["input_ids"]),
+                                                   torch.zeros_like(batch["input_ids"][:, :1]).expand(-1, extra)], dim=1)
+        return widened
+
     def _prepare(self, item: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         row = {key: torch.as_tensor(value) for key, value in item.items()}
         if "input_ids" not in row:

@@ -8,6 +8,10 @@ re-gathering them before each run would multiply communication: T²MLR's middle 
 l_start..l_end, d_forward + 1 runs on the Jacobi path) and a looped model's looped blocks (`loops` runs). FSDP2 cannot shard 0-dim parameters, and the fusion gates γ_cur, γ_rec are
 scalars, so every scalar parameter is left replicated (`ignored_params`) and its gradient is
 averaged by hand in `sync_replicated_grads`.
+
+A command that trains several times (an experiment) joins the group once (`process_group`); rank 0 alone
+writes what the ranks share (`computed_by_main`), and evaluation is shared out over the ranks and gathered
+back in order (`shard_and_gather`).
 """
 
 from __future__ import annotations
@@ -15,14 +19,18 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from t2mlr.utils import resolve_device
+from t2mlr.utils import launched_by_torchrun, resolve_device
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 @dataclass
@@ -41,10 +49,6 @@ class DistEnv:
     @property
     def distributed(self) -> bool:
         return self.world_size > 1
-
-
-def launched_by_torchrun() -> bool:
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
 def pick_device(preference: str, local_rank: int = 0) -> torch.device:
@@ -78,6 +82,32 @@ def init_distributed(parallel: str, device_preference: str = "auto", timeout_s: 
 def shutdown_distributed() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def process_group(parallel: str, device_preference: str = "auto") -> Iterator[DistEnv]:
+    """The process group of a command that trains and evaluates several times (an experiment): joined once,
+    so every training inside finds it (the trainer leaves a group it did not create alone), and left at the
+    end. A normal end waits at a barrier first, so no rank leaves while rank 0 still writes the results.
+    Outside torchrun: one process, nothing joined."""
+    owns = not (dist.is_available() and dist.is_initialized())
+    env = init_distributed(parallel, device_preference)
+    try:
+        yield env
+        barrier(env)
+    finally:
+        if owns:
+            shutdown_distributed()
+
+
+def current_env(device_preference: str = "auto") -> DistEnv:
+    """This process's place in the process group it is in (one process when there is none), with its
+    device: the local rank's CUDA device, or the CPU."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return DistEnv(device=pick_device(device_preference))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    return DistEnv(rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local_rank,
+                   device=pick_device(device_preference, local_rank))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -182,6 +212,14 @@ def all_reduce_sum(values: torch.Tensor, env: DistEnv) -> torch.Tensor:
     return values
 
 
+def all_reduce_max(values: torch.Tensor, env: DistEnv) -> torch.Tensor:
+    """The elementwise maximum of a tensor over ranks (a no-op in a single process)."""
+    if env.distributed:
+        values = values.clone()
+        dist.all_reduce(values, op=dist.ReduceOp.MAX)
+    return values
+
+
 def barrier(env: DistEnv) -> None:
     if env.distributed:
         dist.barrier()
@@ -194,6 +232,32 @@ def broadcast_object(value: object, env: DistEnv) -> object:
     box = [value]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def computed_by_main(compute: Callable[[], T], env: DistEnv | None) -> T:
+    """`compute()` run by rank 0 alone (it writes whatever files it writes: data, run directories), its
+    result handed to every rank. The hand-over is a collective: a rank gets it once rank 0 is done, so the
+    files are there too. An error on rank 0 ends that rank; torchrun then stops the others."""
+    if env is None or not env.distributed:
+        return compute()
+    return broadcast_object(compute() if env.is_main else None, env)  # type: ignore[return-value]
+
+
+def shard_and_gather(items: Sequence[T], work: Callable[[T], R], env: DistEnv | None) -> list[R]:
+    """`[work(item) for item in items]`, shared out over the ranks: item i runs on rank i mod world size, and
+    the results are gathered once, in the order of `items`, on every rank. Evaluation and generation use it
+    (each item a batch), so every rank ends with what one process would have computed. `env` None or one
+    process: every item here, in order."""
+    if env is None or not env.distributed:
+        return [work(item) for item in items]
+    mine = [(index, work(item)) for index, item in enumerate(items) if index % env.world_size == env.rank]
+    gathered: list[list[tuple[int, R]] | None] = [None] * env.world_size
+    dist.all_gather_object(gathered, mine)
+    results: dict[int, R] = {index: value for part in gathered for index, value in part or []}
+    if sorted(results) != list(range(len(items))):
+        raise RuntimeError(f"shard_and_gather: {len(results)} results for {len(items)} items (ranks disagree on "
+                           "the items)")
+    return [results[index] for index in range(len(items))]
 
 
 @torch.no_grad()

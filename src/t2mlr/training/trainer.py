@@ -329,6 +329,8 @@ class Trainer:
     def train_step(self, micro_batches: list[dict[str, torch.Tensor]]) -> StepStats:
         """One optimizer step over this rank's micro-batches of a global batch."""
         env, device = self.env, self.env.device
+        if env.distributed and dist_utils.is_sharded(self.wrapped):
+            micro_batches = self._common_widths(micro_batches)
         local_targets = [count_targets(b) for b in micro_batches]
         local_tokens = sum(int(b["attention_mask"].sum()) if "attention_mask" in b else b["input_ids"].numel()
                            for b in micro_batches)
@@ -369,6 +371,13 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         warm_share = sum(warm) / len(warm) if warm else None
         return StepStats(loss, grad_norm, global_tokens, _mean_iterations(iterations), lr, warm_share)
+
+    def _common_widths(self, micro_batches: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
+        """FSDP: each micro-batch padded to the widest of the ranks' at its micro-step (`Collator.widen`; the
+        padding is masked, so the step's result is unchanged), so that every rank runs the same forward."""
+        widths = torch.tensor([batch["input_ids"].shape[1] for batch in micro_batches], dtype=torch.long)
+        common = dist_utils.all_reduce_max(widths.to(self.env.device), self.env).tolist()
+        return [self.collator.widen(batch, width) for batch, width in zip(micro_batches, common)]
 
     def _model_inputs(self, batch: dict[str, torch.Tensor], overrides: dict[str, Any] | None = None) -> dict[str, Any]:
         """Batch tensors on the device plus the run's path overrides; a model without recurrence does not
