@@ -176,3 +176,40 @@ def test_windows_read_forward_and_rewind_to_the_same_samples(name, settings) -> 
     assert task.prompts(2, 3) == fresh[2:5]  # a rewind reopens the stream
     assert task.prompts(0, 2, stream="eval") != fresh[:2]  # streams keep separate cursors
     assert task.prompts(5, 1) == fresh[5:6]
+
+
+# ------------------------------------------------------------------------------------------- greedy evaluation
+def test_greedy_accuracy_is_the_reward_of_each_prompt_decoded_alone() -> None:
+    """The RL callback's greedy accuracy (the library's batched generator, prompts encoded as TRL encodes them)
+    equals the mean reward of each prompt decoded alone with the tokenizer's own encoding, unpadded, on the
+    exact path; the model is handed back in training mode."""
+    import torch
+    from conftest import tiny_model
+
+    from t2mlr.generation.text import generate_batched
+    from t2mlr.rl.callbacks import greedy_accuracy
+    from t2mlr.rl.config import RlEvalConfig
+
+    task = build_task("s5_retrieval", seed=1, **S5_SMALL)
+    tokenizer = task.tokenizer
+    model = tiny_model(l_start=2, l_end=3, base_overrides={"vocab_size": len(tokenizer)}, seed=4).train()
+    settings = RlEvalConfig(every=1, num_prompts=7, batch_size=3)
+    samples = task.prompts(0, settings.num_prompts, "eval")
+    alone = []
+    for sample in samples:
+        encoded = tokenizer(sample["prompt"], return_tensors="pt")
+        with torch.no_grad():
+            out = model.eval().generate(**encoded, do_sample=False, max_new_tokens=4, prefill="exact",
+                                        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+        row = out[0, encoded["input_ids"].shape[1]:].tolist()
+        row = row[: row.index(tokenizer.eos_token_id)] if tokenizer.eos_token_id in row else row
+        alone.append(tokenizer.decode(row, skip_special_tokens=True))
+    model.train()
+    got = greedy_accuracy(model, task, tokenizer, settings, max_new_tokens=4)
+    assert model.training
+    assert got == {"eval_accuracy": sum(task.reward(t, s) for t, s in zip(alone, samples)) / 7, "eval_prompts": 7}
+    from t2mlr.generation.text import GenerationSettings
+
+    batched = generate_batched(model, tokenizer, [s["prompt"] for s in samples],
+                               GenerationSettings(max_new_tokens=4), 3, bos=None)
+    assert batched == alone and len(set(alone)) > 1  # the replies themselves, not only their rewards

@@ -86,9 +86,12 @@ def load_tokenizer(source: str | Path) -> "PreTrainedTokenizerBase":
         raise TokenizerNotFoundError(f"could not load a tokenizer {where} {str(source)!r}: {err}") from err
 
 
-def prompt_ids(tokenizer: Any, prompt: str, bos: bool = True) -> list[int]:
+def prompt_ids(tokenizer: Any, prompt: str, bos: bool | None = True) -> list[int]:
     """BOS (with `bos`, when the tokenizer has one) and the prompt's tokens: what a finetuned model reads before
-    its reply, in training (`t2mlr.tasks.sft`) and in generation alike."""
+    its reply, in training (`t2mlr.tasks.sft`) and in generation alike. `bos=None`: the tokenizer's own special
+    tokens, as TRL's trainers encode prompts."""
+    if bos is None:
+        return list(tokenizer(prompt)["input_ids"])
     ids = list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
     return ([tokenizer.bos_token_id] if bos and tokenizer.bos_token_id is not None else []) + ids
 

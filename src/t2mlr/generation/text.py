@@ -77,6 +77,12 @@ def compiled_decoding_kwargs(mode: str) -> dict:
     return {"cache_implementation": "static", "compile_config": config}
 
 
+def underlying(model: PreTrainedModel) -> PreTrainedModel:
+    """The causal LM under a PEFT wrapper (which forwards `generate` and its keywords to it), else the model."""
+    get_base_model = getattr(model, "get_base_model", None)
+    return get_base_model() if callable(get_base_model) else model
+
+
 def generate_kwargs(model: PreTrainedModel, settings: GenerationSettings) -> dict:
     """Keyword arguments for `model.generate`: decoding strategy plus, for T²MLR, the prefill path.
 
@@ -87,7 +93,7 @@ def generate_kwargs(model: PreTrainedModel, settings: GenerationSettings) -> dic
     kwargs: dict = {"max_new_tokens": settings.max_new_tokens, "do_sample": settings.do_sample}
     if settings.do_sample:
         kwargs.update(temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k)
-    if is_t2mlr(model):
+    if is_t2mlr(underlying(model)):
         kwargs["prefill"] = settings.prefill
         if settings.prefill == "jacobi":
             kwargs["prefill_depth"] = settings.prefill_depth
@@ -132,7 +138,7 @@ def generate_text(
     return tokenizer.decode(continuation, skip_special_tokens=True)
 
 
-def left_padded(tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], bos: bool,
+def left_padded(tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], bos: bool | None,
                 device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
     """Prompts as one batch, padded on the left (so every row's next token is the last column's)."""
     if tokenizer.pad_token_id is None:
@@ -145,19 +151,22 @@ def left_padded(tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], bos:
 
 
 def generate_batched(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str],
-                     settings: GenerationSettings, batch_size: int, bos: bool = True, desc: str = "generate",
+                     settings: GenerationSettings, batch_size: int, bos: bool | None = True, desc: str = "generate",
                      map_batches: MapBatches | None = None) -> list[str]:
     """The continuation of every prompt (up to its first EOS, special tokens dropped), `batch_size` prompts at
-    a time, left-padded; `bos` starts each prompt with the tokenizer's BOS, as the model was trained. A T²MLR
+    a time, left-padded; `bos` starts each prompt with the tokenizer's BOS, as the model was trained (None: the
+    tokenizer's own special tokens, as TRL encodes prompts; `t2mlr.utils.prompt_ids`). The model is left in the
+    mode it was in. A T²MLR
     model with recurrence_mask_policy="mask" gets its prompts masked from the fusion, as in training.
 
     `map_batches(batches, generate)` runs `generate` on every batch and returns the results in order (default:
     here, one after another); under torchrun the experiments pass one that shares the batches out over the
     ranks (`t2mlr.training.distributed.shard_and_gather`), so each rank generates a part and all get every reply."""
     kwargs = generate_kwargs(model, settings)
-    masked = is_t2mlr(model) and model.config.recurrence_mask_policy == "mask"
+    masked = is_t2mlr(underlying(model)) and model.config.recurrence_mask_policy == "mask"
     device = next(model.parameters()).device
     batches = [list(prompts[lo : lo + batch_size]) for lo in range(0, len(prompts), batch_size)]
+    was_training = model.training
     model.eval()
     with tqdm(total=len(batches), desc=desc, unit="batch", dynamic_ncols=True, leave=False) as bar:
 
@@ -171,7 +180,10 @@ def generate_batched(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
             bar.update(1)
             return [_reply(tokenizer, row) for row in out[:, inputs["input_ids"].shape[1] :].tolist()]
 
-        replies = (map_batches or _in_order)(batches, generate)
+        try:
+            replies = (map_batches or _in_order)(batches, generate)
+        finally:
+            model.train(was_training)
     return [text for batch in replies for text in batch]
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from transformers import TrainerCallback
+
+from t2mlr.generation.text import GenerationSettings, generate_batched
 
 from t2mlr.rl.tasks import VerifiableTask
 from t2mlr.training.metrics import MetricsWriter
@@ -53,32 +54,15 @@ class GreedyEvalCallback(TrainerCallback):
                                                                               self.settings, self.max_new_tokens)})
 
 
-@torch.no_grad()
 def greedy_accuracy(model: Any, task: VerifiableTask, tokenizer: Any, settings: Any, max_new_tokens: int) -> dict[str, Any]:
-    """The mean reward of greedy completions (prompts tokenized as TRL tokenizes them, completions cut after the
-    first end-of-text token), decoded on the exact path."""
+    """The mean reward of greedy completions on the exact path, through the library's one batched generator,
+    with the prompts encoded as TRL encodes them (the tokenizer's own special tokens)."""
     samples = task.prompts(0, settings.num_prompts, "eval")
-    device = next(model.parameters()).device
-    correct = 0.0
-    was_training = model.training
-    model.eval()
-    try:
-        for start in range(0, len(samples), settings.batch_size):
-            chunk = samples[start : start + settings.batch_size]
-            batch = tokenizer([s["prompt"] for s in chunk], padding=True, padding_side="left", return_tensors="pt").to(device)
-            out = model.generate(**batch, do_sample=False, max_new_tokens=max_new_tokens, prefill="exact",
-                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-            completions = [cut_after_eos(row, tokenizer.eos_token_id) for row in out[:, batch["input_ids"].shape[1]:].tolist()]
-            texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
-            correct += sum(task.reward(text, sample) for text, sample in zip(texts, chunk))
-    finally:
-        model.train(was_training)
+    texts = generate_batched(model, tokenizer, [s["prompt"] for s in samples],
+                             GenerationSettings(max_new_tokens=max_new_tokens, prefill="exact"), settings.batch_size,
+                             bos=None, desc="greedy eval")
+    correct = sum(task.reward(text, sample) for text, sample in zip(texts, samples))
     return {"eval_accuracy": correct / len(samples), "eval_prompts": len(samples)}
-
-
-def cut_after_eos(ids: list[int], eos_token_id: int) -> list[int]:
-    """The tokens up to and including the first end-of-text token."""
-    return ids[: ids.index(eos_token_id) + 1] if eos_token_id in ids else ids
 
 
 class StopAfterCallback(TrainerCallback):

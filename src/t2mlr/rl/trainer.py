@@ -40,6 +40,7 @@ from accelerate.utils import is_peft_model
 from trl import GRPOConfig, GRPOTrainer
 
 from t2mlr.model import is_t2mlr
+from t2mlr.generation.text import underlying
 
 __all__ = ["RolloutStates", "T2MLRGRPOConfig", "T2MLRGRPOTrainer"]
 
@@ -149,7 +150,7 @@ class T2MLRGRPOTrainer(GRPOTrainer):
                              "way carry none (trl.GRPOTrainer supports them, scoring on the Jacobi path)")
         super().__init__(model, reward_funcs, args, **kwargs)
         policy = self.accelerator.unwrap_model(self.model)
-        if not is_t2mlr(policy.get_base_model() if is_peft_model(policy) else policy):
+        if not is_t2mlr(underlying(policy)):
             raise ValueError(f"T2MLRGRPOTrainer trains T²MLR models (it replays their recurrent states), got "
                              f"{type(policy).__name__}; use trl.GRPOTrainer for other models")
         self.replay_depth = int(getattr(self.args, "replay_depth", T2MLRGRPOConfig.replay_depth))
