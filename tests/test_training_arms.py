@@ -30,7 +30,9 @@ def test_resolve_workers(monkeypatch) -> None:
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")  # under torchrun every rank trains each arm in turn
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    assert resolve_workers(4, 3, torch.device("cpu")) == 1
+    assert resolve_workers(None, 3, torch.device("cpu")) == 1
+    with pytest.raises(ValueError, match="under torchrun: the arms train in turn"):
+        resolve_workers(4, 3, torch.device("cpu"))  # asked for side by side: refused, not silently one
 
 
 def test_arms_of_one_tree_differ_only_where_they_say() -> None:
