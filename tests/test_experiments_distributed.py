@@ -280,3 +280,36 @@ def test_widening_a_batch_leaves_the_exact_path_loss_and_its_gradients_unchanged
             grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
         torch.testing.assert_close(losses[1], losses[0], rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(grads[1], grads[0], rtol=1e-10, atol=1e-12)
+
+
+def test_periodic_evaluation_under_fsdp_on_rows_of_unequal_width_matches_one_process(tmp_path: Path) -> None:
+    """`t2mlr train --parallel fsdp` with periodic evaluation on the exact path over S5 rows of unequal lengths
+    (the ranks' evaluation batches differ in width, which stalls FSDP training steps until they are evened out):
+    the evaluation needs no evening out (no gradients: nothing runs per token column that the ranks must
+    match), runs to the end and gives one process's losses."""
+    import yaml
+
+    source = tmp_path / "s5"
+    one_process([*S5, "--out", source, "--workers", "1", "--models", "t2mlr"])
+    tree = yaml.safe_load((source / "t2mlr" / "config.yaml").read_text(encoding="utf-8"))
+    assert tree["model"]["train_recurrence"] == "exact"
+    tree["eval"].update(every=1, max_batches=4, batch_size=2, data={**tree["data"], "seed": 1})  # 1 row per rank
+    tree["train"].update(max_steps=2, micro_batch_size=4, parallel="none")
+    tree["logging"].update(every=1)
+    config = tmp_path / "with_eval.yaml"
+    config.write_text(yaml.safe_dump(tree), encoding="utf-8")
+    from t2mlr.training.config import load_config
+    from t2mlr.training.data import build_dataset
+
+    rows = build_dataset(load_config(config).eval.data, vocab_size=tree["model"]["base"]["vocab_size"])
+    widths = [len(rows[i]["input_ids"]) for i in range(8)]
+    assert any(widths[2 * b] != widths[2 * b + 1] for b in range(4)), widths  # the ranks' batches differ in width
+    one_process(["train", config, "--out", tmp_path / "one", "--threads", "1"])
+    torchrun(["train", config, "--out", tmp_path / "fsdp", "--parallel", "fsdp"], timeout=180)
+
+    def eval_losses(run: Path) -> list[float]:
+        lines = (run / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+        return [r["eval_loss"] for r in map(json.loads, lines) if r["split"] == "eval"]
+
+    assert len(eval_losses(tmp_path / "one")) >= 2
+    assert eval_losses(tmp_path / "fsdp") == pytest.approx(eval_losses(tmp_path / "one"), rel=1e-5)
