@@ -285,8 +285,7 @@ def test_widening_a_batch_leaves_the_exact_path_loss_and_its_gradients_unchanged
 def test_periodic_evaluation_under_fsdp_on_rows_of_unequal_width_matches_one_process(tmp_path: Path) -> None:
     """`t2mlr train --parallel fsdp` with periodic evaluation on the exact path over S5 rows of unequal lengths
     (the ranks' evaluation batches differ in width, which stalls FSDP training steps until they are evened out):
-    the evaluation needs no evening out (no gradients: nothing runs per token column that the ranks must
-    match), runs to the end and gives one process's losses."""
+    the evaluation, which is not evened out, runs to the end all the same and gives one process's losses."""
     import yaml
 
     source = tmp_path / "s5"
