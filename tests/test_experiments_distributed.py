@@ -312,3 +312,25 @@ def test_periodic_evaluation_under_fsdp_on_rows_of_unequal_width_matches_one_pro
 
     assert len(eval_losses(tmp_path / "one")) >= 2
     assert eval_losses(tmp_path / "fsdp") == pytest.approx(eval_losses(tmp_path / "one"), rel=1e-5)
+
+
+def test_each_rank_takes_its_share_of_the_free_cores_unless_threads_are_given(monkeypatch) -> None:
+    """Under torchrun an experiment without --threads sets each rank's torch threads as `t2mlr train` does (the
+    free cores over the ranks on this machine), not torch's default of every core per rank; --threads wins."""
+    import t2mlr.utils
+    from t2mlr.experiments.commands import _set_threads
+
+    saved = torch.get_num_threads()
+    monkeypatch.setattr(t2mlr.utils, "free_cores", lambda: 6)
+    try:
+        for env, threads, expected in (({}, None, saved), ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"},
+                                                           None, 3), ({"RANK": "1", "WORLD_SIZE": "2"}, 1, 1)):
+            for name in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+                monkeypatch.delenv(name, raising=False)
+            for name, value in env.items():
+                monkeypatch.setenv(name, value)
+            torch.set_num_threads(saved)
+            _set_threads(threads)
+            assert torch.get_num_threads() == expected, env
+    finally:
+        torch.set_num_threads(saved)
