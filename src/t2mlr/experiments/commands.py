@@ -170,8 +170,6 @@ def launch_words(args: argparse.Namespace, head: Sequence[str], overrides: Seque
 def _set_threads(threads: int | None) -> None:
     """--threads of the experiments that split one thread count between their workers; under torchrun without
     it, `t2mlr train`'s choice (the free cores shared among this machine's ranks), not torch's every core per rank."""
-    from t2mlr.utils import launched_by_torchrun
-
     if threads is None and launched_by_torchrun():
         from t2mlr.training.commands import choose_threads
 

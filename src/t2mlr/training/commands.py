@@ -4,9 +4,9 @@ into the `t2mlr` parser with `register`). Handlers return the exit code their he
 from __future__ import annotations
 
 import argparse
-import re
 import logging
 import os
+import re
 import shlex
 import sys
 import types
