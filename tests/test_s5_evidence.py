@@ -12,6 +12,7 @@ import pytest
 
 from t2mlr.experiments.s5 import run_dir_name
 from t2mlr.experiments.s5_evidence import DESIGNS, MAIN_ARMS, run_study
+from t2mlr.training.metrics import optimizer_step_seconds
 from t2mlr.training.trainer import NonFiniteLossError, Trainer
 
 SEEDS = (0, 1)
@@ -89,6 +90,20 @@ def test_tiny_study_trains_every_arm_records_failures_resumes_and_reports(tmp_pa
     written = json.loads((report / "summary.json").read_text())
     assert written["seeds"] == list(SEEDS)
 
+    # training time: each run's optimizer-step seconds from its own step records, and the ratio to exact T²MLR
+    for seed in SEEDS:
+        times = json.loads((report / "seeds" / f"seed_{seed}" / "tiny" / "train_time.json").read_text())
+        assert set(times) == set(MAIN_ARMS)
+        for arm, seconds in times.items():
+            run_dir = out / f"seed_{seed}" / "tiny" / run_dir_name(arm)
+            assert seconds == optimizer_step_seconds(run_dir / "metrics.jsonl") > 0
+            assert rows[("tiny", arm)]["per_seed"][seed]["train_seconds"] == seconds
+        assert rows[("tiny", "pause:2")]["per_seed"][seed]["train_time_ratio"] == pytest.approx(
+            times["pause:2"] / times["t2mlr"])
+    mean_minutes = statistics.fmean(rows[("tiny", "pause:2")]["per_seed"][s]["train_seconds"] for s in SEEDS) / 60
+    pause_line = next(line for line in readme.splitlines() if line.startswith(f"| tiny | {rows[('tiny', 'pause:2')]['label']} |"))
+    assert f"| {mean_minutes:.1f} |" in pause_line
+
     # the analyses ran on every trained T²MLR model: gates, gradient fidelity (mid and final), Jacobi depths
     for seed in SEEDS:
         analyses = report / "seeds" / f"seed_{seed}" / "analyses"
@@ -107,6 +122,16 @@ def test_tiny_study_trains_every_arm_records_failures_resumes_and_reports(tmp_pa
         assert (report / figure).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     stamps = {p: p.stat().st_mtime_ns for p in (out / "seed_0" / "analyses").rglob("*.json")}
-    run_study("tiny", SEEDS, out, report, **STUDY)  # a third call: nothing to train, no analysis repeated
+    third = run_study("tiny", SEEDS, out, report, **STUDY)  # a third call: nothing to train, no analysis repeated
     assert {p: p.stat().st_mtime_ns for p in (out / "seed_0" / "analyses").rglob("*.json")
             if "gates" not in p.parts} == {p: t for p, t in stamps.items() if "gates" not in p.parts}
+
+    # --report-only: the same report from what OUT holds; nothing under OUT is written (nor trained, evaluated...)
+    kept = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
+    again = run_study("tiny", SEEDS, out, tmp_path / "again", report_only=True, **STUDY)
+    assert again["rows"] == third["rows"] and again["failed"] == {}
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()} == kept
+    assert (tmp_path / "again" / "README.md").read_text() == (report / "README.md").read_text()
+    with pytest.raises(ValueError, match="seed_7"):
+        run_study("tiny", (0, 7), out, tmp_path / "never", report_only=True)
+    assert not (tmp_path / "never").exists() and not (out / "seed_7").exists()

@@ -336,7 +336,7 @@ def _run_s5_evidence(args: argparse.Namespace) -> Any:
         return dry_run(args, f"t2mlr experiment s5-evidence --preset {args.preset}", words, arms, notes)
     return run_study(args.preset, args.seeds, args.out, report=args.report, workers=args.workers,
                      analyses=not args.skip_analyses, overrides=overrides, cost_rounds=args.cost_rounds,
-                     decode_rounds=args.decode_rounds)
+                     decode_rounds=args.decode_rounds, report_only=args.report_only)
 
 
 def _add_s5_evidence(sub: Any) -> None:
@@ -356,6 +356,9 @@ def _add_s5_evidence(sub: Any) -> None:
                    help="runs trained at a time, each in its own single-thread process (default: one per CPU thread)")
     p.add_argument("--skip-analyses", action="store_true",
                    help="train and evaluate only (the analyses and the report run on the next call)")
+    p.add_argument("--report-only", action="store_true",
+                   help="write the report again from the finished study under OUT (every seed's results, the "
+                        "analyses, the costs): nothing is trained, evaluated or measured")
     p.add_argument("--steps", type=int, default=None, help=argparse.SUPPRESS)  # tests: every arm's steps
     p.add_argument("--checkpoint-every", type=int, default=None, help=argparse.SUPPRESS)  # tests
     p.add_argument("--cost-rounds", type=int, default=21, help="paired rounds of the training-cost measurement")

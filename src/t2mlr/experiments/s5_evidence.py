@@ -64,8 +64,8 @@ if TYPE_CHECKING:
     from t2mlr.experiments.s5 import S5Plan
     from t2mlr.training.arms import Arm
 
-__all__ = ["DESIGNS", "StudyRun", "Variant", "dry_run_arms", "is_t2mlr_arm", "plan_study", "run_study", "summarize_arm",
-           "summary_rows"]
+__all__ = ["DESIGNS", "RunPlace", "StudyRun", "Variant", "dry_run_arms", "is_t2mlr_arm", "plan_study", "rewrite_report",
+           "run_study", "summarize_arm", "summary_rows"]
 
 # The arms of the study, fixed before any result. T²MLR(1,2) is the `cpu` (and `tiny`) preset's placement.
 MAIN_ARMS = (
@@ -94,11 +94,26 @@ DESIGNS: dict[str, tuple[Variant, ...]] = {
     "tiny": (Variant("tiny", MAIN_ARMS), Variant("tiny-deep", DEEP_ARMS)),  # a pipeline check: numbers mean nothing
 }
 COSTS_DIR = "costs"
+TRAIN_TIMES = "train_time.json"  # per seed and preset: arm -> optimizer-step seconds
 
 
 def is_t2mlr_arm(name: str) -> bool:
     spec = arm_spec(name)
     return name == "t2mlr" if spec is None else spec.kind == "t2mlr"
+
+
+@dataclass(frozen=True)
+class RunPlace:
+    """Where one seed of one variant lives and which arms it has: all that the report reads."""
+
+    seed: int
+    preset: str
+    out: Path
+    models: tuple[str, ...]
+
+    @property
+    def t2mlr_arms(self) -> list[str]:
+        return [arm for arm in self.models if is_t2mlr_arm(arm)]
 
 
 @dataclass
@@ -112,6 +127,10 @@ class StudyRun:
     @property
     def key(self) -> str:
         return f"seed {self.seed}, {self.variant.preset}"
+
+    @property
+    def place(self) -> RunPlace:
+        return RunPlace(self.seed, self.plan.preset, self.plan.out, self.plan.models)
 
 
 def seed_dir(out: Path, seed: int) -> Path:
@@ -225,9 +244,10 @@ def load_or_measure_costs(runs: Sequence[StudyRun], out: Path, rounds: int, deco
 
 def run_study(design: str, seeds: Sequence[int], out: str | Path, report: str | Path | None = None,
               workers: int | None = None, analyses: bool = True, overrides: Sequence[str] = (), cost_rounds: int = 21,
-              decode_rounds: int = 11) -> dict[str, Any]:
+              decode_rounds: int = 11, report_only: bool = False) -> dict[str, Any]:
     """Measure the arms' costs (once), train every run (resuming), evaluate each seed, run the analyses and
-    write the report (default OUT/report). Returns what the report holds."""
+    write the report (default OUT/report). Returns what the report holds. `report_only`: write the report
+    from what OUT holds (see `rewrite_report`)."""
     from tqdm.auto import tqdm
 
     from t2mlr.experiments import s5
@@ -235,6 +255,9 @@ def run_study(design: str, seeds: Sequence[int], out: str | Path, report: str | 
 
     started = time.perf_counter()
     out = Path(out)
+    report = Path(report) if report is not None else out / "report"
+    if report_only:
+        return rewrite_report(design, seeds, out, report)
     runs = plan_study(design, seeds, out, overrides)
     costs = load_or_measure_costs(runs, out, cost_rounds, decode_rounds)
     arms = ordered_arms(runs, costs)
@@ -248,7 +271,28 @@ def run_study(design: str, seeds: Sequence[int], out: str | Path, report: str | 
     if not analyses:
         return {"runs": [run.key for run in runs], "failed": failed}
     run_analyses(runs, out)
-    return write_report(runs, out, Path(report) if report is not None else out / "report", costs, failed)
+    return write_report([run.place for run in runs], out, report, costs, failed)
+
+
+def rewrite_report(design: str, seeds: Sequence[int], out: Path, report: Path) -> dict[str, Any]:
+    """The report again from every seed's results, the analyses and the cost measurement under `out`, as they
+    are: nothing under `out` is written, trained, evaluated or measured (e.g. after a change to the report
+    itself). Refused when a seed's results or a cost measurement is missing."""
+    if design not in DESIGNS:
+        raise ValueError(f"the evidence study has no design for preset {design!r}; choose from {', '.join(DESIGNS)}")
+    needed = [seed_dir(out, seed) / variant.preset / RESULTS_JSON for seed in seeds for variant in DESIGNS[design]]
+    needed += [out / COSTS_DIR / f"{variant.preset}.json" for variant in DESIGNS[design]]
+    missing = [str(path) for path in needed if not path.is_file()]
+    if missing:
+        raise ValueError(f"--report-only writes the report from a finished study; missing: {', '.join(missing)} "
+                         "(run the study without --report-only first)")
+    places = [RunPlace(seed, variant.preset, seed_dir(out, seed) / variant.preset, variant.arms)
+              for seed in seeds for variant in DESIGNS[design]]
+    failed = {f"s{place.seed}/{place.preset}/{name}": message for place in places
+              for name, message in json.loads((place.out / RESULTS_JSON).read_text()).get("failed", {}).items()}
+    costs = {variant.preset: json.loads((out / COSTS_DIR / f"{variant.preset}.json").read_text(encoding="utf-8"))
+             for variant in DESIGNS[design]}
+    return write_report(places, out, report, costs, failed)
 
 
 # ---------------------------------------------------------------------------------------------- analyses
@@ -261,10 +305,6 @@ JACOBI_GAP_POINTS = 3.0  # issue #35: Jacobi (16, 4) within 3 points of exact tr
 
 
 # ---------------------------------------------------------------------------------------------- analyses
-
-
-def _t2mlr_arms(run: StudyRun) -> list[str]:
-    return [arm for arm in run.plan.models if is_t2mlr_arm(arm)]
 
 
 def _finished(run: StudyRun, arm: str) -> bool:
@@ -294,7 +334,7 @@ def _gates(runs: Sequence[StudyRun], out: Path, seed: int) -> None:
 
     dirs, labels = [], []
     for run in runs:
-        for arm in _t2mlr_arms(run):
+        for arm in run.place.t2mlr_arms:
             if (run.plan.out / run_dir_name(arm) / "metrics.jsonl").is_file():
                 dirs.append(run.plan.out / run_dir_name(arm))
                 labels.append(f"{run.plan.preset}: {label_of(arm)}")
@@ -311,7 +351,7 @@ def _gradient_fidelity(run: StudyRun, out: Path) -> None:
     from t2mlr.training.trainer import FINAL_DIR
 
     deepest = run.plan.task.max_length() + 1  # > every row: the Jacobi gradient is the exact one there
-    for arm in _t2mlr_arms(run):
+    for arm in run.place.t2mlr_arms:
         if not _finished(run, arm):
             continue
         run_dir = run.plan.out / run_dir_name(arm)
@@ -336,7 +376,7 @@ def _jacobi_depths(run: StudyRun, out: Path) -> None:
     from t2mlr.experiments.s5 import evaluate_by_n
     from t2mlr.training.trainer import FINAL_DIR
 
-    for arm in _t2mlr_arms(run):
+    for arm in run.place.t2mlr_arms:
         if not _finished(run, arm):
             continue
         final = run.plan.out / run_dir_name(arm) / FINAL_DIR
@@ -393,9 +433,13 @@ METRICS = (  # summary key, per-N metric, range ("train" or "beyond")
 )
 
 
-def summary_rows(seed_results: Mapping[int, Mapping[str, Any]]) -> list[dict[str, Any]]:
+def summary_rows(seed_results: Mapping[int, Mapping[str, Any]],
+                 train_times: Mapping[int, Mapping[str, float]] | None = None) -> list[dict[str, Any]]:
     """One row per (preset, arm) over the seeds' results.json payloads (seed -> payload), in the order the arms
-    were listed: per seed the per-N means over the training lengths and beyond, then their spread."""
+    were listed: per seed the per-N means over the training lengths and beyond, then their spread; and the
+    training time (`train_times`, seed -> arm -> optimizer-step seconds, else the run's recorded wall clock)
+    with its ratio to the exact-trained T²MLR of the same seed."""
+    train_times = train_times or {}
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     for seed, payload in sorted(seed_results.items()):
         preset = payload["preset"]
@@ -408,7 +452,7 @@ def summary_rows(seed_results: Mapping[int, Mapping[str, Any]]) -> list[dict[str
                 "steps": model["steps"], "per_seed": {}, "failed_seeds": {}})
             row["per_seed"][seed] = {key: _mean_over(model["per_n"], metric, *ranges[which])
                                      for key, metric, which in METRICS}
-            row["per_seed"][seed]["train_seconds"] = model["train_seconds"]
+            row["per_seed"][seed]["train_seconds"] = train_times.get(seed, {}).get(model["name"], model["train_seconds"])
         for name, message in payload.get("failed", {}).items():
             row = rows.setdefault((preset["name"], name), {
                 "preset": preset["name"], "arm": name, "label": label_of(name), "train_path": "", "eval_path": "",
@@ -418,6 +462,13 @@ def summary_rows(seed_results: Mapping[int, Mapping[str, Any]]) -> list[dict[str
         for key, _, _ in METRICS:
             values = [s[key] for s in row["per_seed"].values() if s[key] is not None]
             row[key] = summarize_arm(values)
+        exact = rows.get((row["preset"], "t2mlr"), {"per_seed": {}})["per_seed"]
+        for seed, numbers in row["per_seed"].items():
+            reference = exact.get(seed, {}).get("train_seconds")
+            numbers["train_time_ratio"] = numbers["train_seconds"] / reference if reference else None
+        row["train_seconds"] = summarize_arm([s["train_seconds"] for s in row["per_seed"].values()])
+        row["train_time_ratio"] = summarize_arm([s["train_time_ratio"] for s in row["per_seed"].values()
+                                                 if s["train_time_ratio"] is not None])
     return list(rows.values())
 
 
@@ -433,9 +484,16 @@ def _spread(stats: Mapping[str, Any]) -> str:
     return f"{_pct(stats['mean'])} ({_pct(stats['min'])}–{_pct(stats['max'])})"
 
 
+def _training_time(row: Mapping[str, Any]) -> list[str]:
+    """Mean training minutes and mean ratio to the exact-trained T²MLR, as two table cells."""
+    seconds, ratio = row.get("train_seconds", {}).get("mean"), row.get("train_time_ratio", {}).get("mean")
+    return ["–" if seconds is None else f"{seconds / 60:.1f}", "–" if ratio is None else f"{ratio:.2f}×"]
+
+
 def summary_table(rows: Sequence[Mapping[str, Any]], seeds: Sequence[int]) -> list[str]:
     head = ["preset", "arm", "trained on", "steps", "EM train N, mean (min–max)", "EM beyond, mean (min–max)",
-            "token acc train", "token acc beyond", *[f"EM train, seed {s}" for s in seeds]]
+            "token acc train", "token acc beyond", "training min", "× exact T²MLR's",
+            *[f"EM train, seed {s}" for s in seeds]]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 4 + "---:|" * (len(head) - 4)]
     for row in rows:
         per_seed = [(_pct(row["per_seed"][s]["em_train"]) if s in row["per_seed"] else
@@ -443,7 +501,7 @@ def summary_table(rows: Sequence[Mapping[str, Any]], seeds: Sequence[int]) -> li
         steps = "–" if row["steps"] is None else f"{row['steps']:,}"
         lines.append("| " + " | ".join([row["preset"], row["label"], row["train_path"], steps, _spread(row["em_train"]),
                                         _spread(row["em_beyond"]), _spread(row["token_train"]),
-                                        _spread(row["token_beyond"]), *per_seed]) + " |")
+                                        _spread(row["token_beyond"]), *_training_time(row), *per_seed]) + " |")
     return lines
 
 
@@ -455,15 +513,27 @@ def _copy(source: Path, target: Path) -> None:
     shutil.copyfile(source, target)
 
 
-def _copy_seed_files(runs: Sequence[StudyRun], out: Path, report: Path) -> dict[int, dict[str, Any]]:
+def _write_train_times(place: RunPlace, path: Path) -> None:
+    """Each arm's optimizer-step seconds, read from its metrics.jsonl: the wall clock a run records stops
+    counting when the study is interrupted between an arm's end and its seed's results, the step records
+    do not."""
+    from t2mlr.training.metrics import METRICS_FILE, optimizer_step_seconds
+
+    seconds = {arm: optimizer_step_seconds(place.out / run_dir_name(arm) / METRICS_FILE) for arm in place.models
+               if (place.out / run_dir_name(arm) / METRICS_FILE).is_file()}
+    path.write_text(json.dumps(seconds, indent=1) + "\n", encoding="utf-8")
+
+
+def _copy_seed_files(places: Sequence[RunPlace], out: Path, report: Path) -> dict[int, dict[str, Any]]:
     """Copy every seed's results and analyses into the report; returns each (seed, preset)'s results.json."""
     results: dict[int, dict[str, Any]] = {}
-    for run in runs:
-        target = report / "seeds" / f"seed_{run.seed}" / run.plan.preset
+    for place in places:
+        target = report / "seeds" / f"seed_{place.seed}" / place.preset
         for name in (RESULTS_JSON, RESULTS_MD, FIGURE):
-            if (run.plan.out / name).is_file():
-                _copy(run.plan.out / name, target / name)
-        results.setdefault(run.seed, {})[run.plan.preset] = json.loads((run.plan.out / RESULTS_JSON).read_text())
+            if (place.out / name).is_file():
+                _copy(place.out / name, target / name)
+        _write_train_times(place, target / TRAIN_TIMES)
+        results.setdefault(place.seed, {})[place.preset] = json.loads((place.out / RESULTS_JSON).read_text())
     for seed in results:
         source = _analysis_dir(out, seed)
         for path in sorted(source.rglob("*")) if source.is_dir() else []:
@@ -472,10 +542,10 @@ def _copy_seed_files(runs: Sequence[StudyRun], out: Path, report: Path) -> dict[
     return results
 
 
-def read_seed_results(report: Path) -> dict[str, dict[int, dict[str, Any]]]:
-    """preset -> seed -> results.json, read back from the report's per-seed copies."""
+def read_seed_results(report: Path, name: str = RESULTS_JSON) -> dict[str, dict[int, dict[str, Any]]]:
+    """preset -> seed -> results.json (or another per-seed file `name`), read back from the report's copies."""
     found: dict[str, dict[int, dict[str, Any]]] = {}
-    for path in sorted((report / "seeds").glob(f"seed_*/*/{RESULTS_JSON}")):
+    for path in sorted((report / "seeds").glob(f"seed_*/*/{name}")):
         seed = int(path.parent.parent.name.removeprefix("seed_"))
         found.setdefault(path.parent.name, {})[seed] = json.loads(path.read_text(encoding="utf-8"))
     return found
@@ -564,16 +634,16 @@ def _gate_lines(report: Path) -> tuple[list[dict[str, Any]], list[str]]:
     return finals, lines
 
 
-def _gates_figure(runs: Sequence[StudyRun], report: Path) -> Path | None:
+def _gates_figure(places: Sequence[RunPlace], report: Path) -> Path | None:
     from t2mlr.analysis.figures import plot_gates
     from t2mlr.analysis.gates import gate_trajectory
 
     curves = {}
-    for run in runs:
-        for arm in _t2mlr_arms(run):
-            trajectory = gate_trajectory(run.plan.out / run_dir_name(arm))
+    for place in places:
+        for arm in place.t2mlr_arms:
+            trajectory = gate_trajectory(place.out / run_dir_name(arm))
             if trajectory is not None:
-                curves[f"{run.plan.preset} {label_of(arm)}, seed {run.seed}"] = (
+                curves[f"{place.preset} {label_of(arm)}, seed {place.seed}"] = (
                     trajectory.steps, trajectory.gamma_cur, trajectory.gamma_rec)
     return plot_gates(curves, report / "gates.png") if curves else None
 
@@ -614,17 +684,18 @@ def _jacobi_gap(rows: Sequence[Mapping[str, Any]], preset: str) -> dict[str, Any
     return gaps
 
 
-def write_report(runs: Sequence[StudyRun], out: Path, report: Path, costs: Mapping[str, Mapping[str, Any]],
+def write_report(places: Sequence[RunPlace], out: Path, report: Path, costs: Mapping[str, Mapping[str, Any]],
                  failed: Mapping[str, str]) -> dict[str, Any]:
     """Copy the per-seed files into `report`, then compute every summary from those copies."""
     report.mkdir(parents=True, exist_ok=True)
-    _copy_seed_files(runs, out, report)
+    _copy_seed_files(places, out, report)
     for preset, measured in costs.items():
         (report / "costs").mkdir(exist_ok=True)
         (report / "costs" / f"{preset}.json").write_text(json.dumps(measured, indent=2) + "\n", encoding="utf-8")
     results = read_seed_results(report)
     seeds = sorted({seed for by_seed in results.values() for seed in by_seed})
-    rows = {preset: summary_rows(by_seed) for preset, by_seed in results.items()}
+    train_times = read_seed_results(report, TRAIN_TIMES)
+    rows = {preset: summary_rows(by_seed, train_times.get(preset)) for preset, by_seed in results.items()}
     from t2mlr.analysis.figures import plot_accuracy_by_depth, plot_accuracy_over_seeds, plot_cosine_grid
 
     figures = {}
@@ -633,7 +704,7 @@ def write_report(runs: Sequence[StudyRun], out: Path, report: Path, costs: Mappi
         figures[f"em_vs_n_{preset}"] = plot_accuracy_over_seeds(
             _curves(by_seed), train_n, report / f"em_vs_n_{preset}.png",
             title=f"S5-Retrieval, {preset} preset, seeds {', '.join(map(str, sorted(by_seed)))}")
-    gates_figure = _gates_figure(runs, report)
+    gates_figure = _gates_figure(places, report)
     finals, gate_table = _gate_lines(report)
     panels = _fidelity_panels(report)
     if panels["paper"]:
@@ -670,7 +741,8 @@ def _readme(rows: Mapping[str, Sequence[Mapping[str, Any]]], seeds: Sequence[int
         "## Exact match per arm (percent; mean over seeds, min–max in parentheses)",
         "",
         ("EM averages the per-N exact match over the training lengths (train) or the longer evaluation lengths "
-        "(beyond), each N weighted equally; the last columns are the per-seed values on the training lengths."),
+        "(beyond), each N weighted equally; training minutes are the optimizer steps' time (see Costs); the last "
+        "columns are the per-seed values on the training lengths."),
         "",
     ]
     for preset, preset_rows in rows.items():
@@ -688,8 +760,11 @@ def _readme(rows: Mapping[str, Sequence[Mapping[str, Any]]], seeds: Sequence[int
               ("Training step: the trainer's own step on the preset's batches; decoding: generate() from BOS with the "
               "KV cache, per token. Ratios are medians of per-round ratios to the matched Transformer; the FLOP "
               "model (`t2mlr.baselines.costs`) beside them. The machine was shared, so absolute times are inflated; "
-              "the ratios are what carries over. The runs' own wall-clock times are in each seed's results.md "
-              "(inflated further: the runs shared the machine with each other and with other jobs)."), "",
+              "the ratios are what carries over. The tables above give each run's own training time: its optimizer "
+              "steps' seconds read from its step records (metrics.jsonl; checkpoints, evaluation and interruptions "
+              "left out), as a mean over seeds and as the mean of each seed's ratio to the exact-trained T²MLR; "
+              "they are noisier than the paired measurement here, since the runs shared the machine with each other "
+              "and with other jobs."), "",
               *_cost_lines(costs), ""]
     lines += ["## Gates at the end of training", "", *gate_table, ""]
     if gates_figure is not None:

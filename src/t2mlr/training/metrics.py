@@ -95,3 +95,16 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         raise FileNotFoundError(f"no {METRICS_FILE} in {run_dir}")
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def optimizer_step_seconds(metrics_file: Path) -> float:
+    """Seconds the optimizer steps took, from a run's train records (each logged step's tokens/s over the
+    tokens since the record before): checkpoints, evaluation and pauses between resumed attempts are left out,
+    so an interrupted and resumed run reads as one uninterrupted run."""
+    seconds, seen = 0.0, 0
+    for line in Path(metrics_file).read_text(encoding="utf-8").splitlines():
+        record = json.loads(line) if line.strip() else {}
+        if record.get("split") == "train":
+            seconds += (record["tokens_seen"] - seen) / record["tokens_per_s"]
+            seen = record["tokens_seen"]
+    return seconds
