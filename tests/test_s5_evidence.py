@@ -118,13 +118,22 @@ def test_tiny_study_trains_every_arm_records_failures_resumes_and_reports(tmp_pa
             assert [row["d_forward"] for row in depths["depths"]] == [2, 4, 8, 16, 32]
             # rows of the tiny preset are at most 16 tokens: from depth 16 on, the Jacobi path is the exact one
             assert all(row["argmax_agreement"] == 1.0 for row in depths["depths"] if row["d_forward"] >= 16)
+            by_path = json.loads((analyses / "jacobi_depths" / f"tiny_{run_dir_name(arm)}" /
+                                  "s5_eval_by_path.json").read_text())["paths"]
+            assert list(by_path) == ["jacobi_2", "jacobi_4", "jacobi_8", "jacobi_16", "jacobi_32", "off"]
     for figure in ("em_vs_n_tiny.png", "em_vs_n_tiny-deep.png", "gates.png", "gradient_fidelity.png", "em_by_path.png"):
         assert (report / figure).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
+    # a study written before the recurrence-off evaluation existed gains it on the next call, and only it
+    older = out / "seed_1" / "analyses" / "jacobi_depths" / "tiny_t2mlr" / "s5_eval_by_path.json"
+    written_paths = json.loads(older.read_text())["paths"]
+    older.write_text(json.dumps({"model_dir": "x", "paths": {k: v for k, v in written_paths.items() if k != "off"}}))
     stamps = {p: p.stat().st_mtime_ns for p in (out / "seed_0" / "analyses").rglob("*.json")}
     third = run_study("tiny", SEEDS, out, report, **STUDY)  # a third call: nothing to train, no analysis repeated
     assert {p: p.stat().st_mtime_ns for p in (out / "seed_0" / "analyses").rglob("*.json")
             if "gates" not in p.parts} == {p: t for p, t in stamps.items() if "gates" not in p.parts}
+    assert json.loads(older.read_text())["paths"] == written_paths
+    assert "| R off |" in (report / "README.md").read_text()
 
     # --report-only: the same report from what OUT holds; nothing under OUT is written (nor trained, evaluated...)
     kept = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}

@@ -306,7 +306,7 @@ def plot_accuracy_by_depth(arms: Mapping[str, Mapping[str, list[float]]], path: 
                   [max(v) - m for m, v in zip(mean, by_path.values())]]
         ax.errorbar(range(len(names)), mean, yerr=errors, marker="o", capsize=3, color=f"C{colour % 10}", label=label)
         ax.set_xticks(range(len(names)), names)
-    ax.set_xlabel("evaluation path (Jacobi: d_forward)")
+    ax.set_xlabel("evaluation path (J: Jacobi at d_forward; R off: the recurrence ablated)")
     ax.set_ylabel(ylabel)
     ax.set_ylim(-0.03, 1.03)
     ax.grid(alpha=0.3)

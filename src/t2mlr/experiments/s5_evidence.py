@@ -34,7 +34,8 @@ Analyses, per seed, on the trained T²MLR models, with the project's own analysi
   untruncated gradient), since 32 iterations do not reach the end of a 70-token row;
 * Jacobi depths (`t2mlr.analysis.jacobi_vs_exact.run_jacobi_depths`) of every trained T²MLR model: on 64
   training rows, the Jacobi path at d_forward 2 … 32 against the exact path (loss, logits, argmax, how far
-  the cache state is from its fixed point); and the held-out S5 evaluation itself on each of those paths.
+  the cache state is from its fixed point); and the held-out S5 evaluation itself on each of those paths
+  and with the recurrence off (R never fused: the ablation that shows whether the model uses its state).
 
 An analysis whose output exists is not run again (the study resumes).
 
@@ -300,6 +301,12 @@ def rewrite_report(design: str, seeds: Sequence[int], out: Path, report: Path) -
 ANALYSES = "analyses"
 PAPER_ANCHOR = (32, 32)
 EVAL_DEPTHS = (2, 4, 8, 16, 32)
+# The held-out evaluation of every trained T²MLR model on each Jacobi depth, and with R never fused (the
+# recurrence ablation: what the model does without the state it learned to use).
+EVAL_PATHS: dict[str, dict[str, Any]] = {
+    **{f"jacobi_{d}": {"recurrence": "jacobi", "d_forward": d, "d_backward": 1} for d in EVAL_DEPTHS},
+    "off": {"recurrence": "off"},
+}
 FIDELITY_ROWS = 64  # one training batch of the cpu preset
 JACOBI_GAP_POINTS = 3.0  # issue #35: Jacobi (16, 4) within 3 points of exact training on the training lengths
 
@@ -384,15 +391,15 @@ def _jacobi_depths(run: StudyRun, out: Path) -> None:
         if not (target / "jacobi_depths.json").is_file():
             run_jacobi_depths(final, TRAINING_DATA, target, depths=EVAL_DEPTHS, rows=FIDELITY_ROWS, device="cpu")
         em_file = target / "s5_eval_by_path.json"
-        if em_file.is_file():
+        by_path = json.loads(em_file.read_text(encoding="utf-8"))["paths"] if em_file.is_file() else {}
+        missing = [name for name in EVAL_PATHS if name not in by_path]  # an older study's file gains the new paths
+        if not missing:
             continue
         model = load_analysis_model(final, device="cpu")
-        by_path = {}
-        for depth in EVAL_DEPTHS:
+        for name in missing:
             per_n = evaluate_by_n(model, run.plan.eval_samples, run.plan.tokenizer, run.plan.arms[arm].config.eval.batch_size,
-                                  "cpu", desc=f"eval {arm} Jacobi {depth}",
-                                  path={"recurrence": "jacobi", "d_forward": depth, "d_backward": 1})
-            by_path[f"jacobi_{depth}"] = {str(n): vars(m) for n, m in per_n.items()}
+                                  "cpu", desc=f"eval {arm} {name}", path=EVAL_PATHS[name])
+            by_path[name] = {str(n): vars(m) for n, m in per_n.items()}
         em_file.write_text(json.dumps({"model_dir": str(final), "paths": by_path}, indent=2) + "\n", encoding="utf-8")
 
 
@@ -605,7 +612,8 @@ def _depth_summary(report: Path, results: Mapping[str, Mapping[int, Mapping[str,
         by_path = em.setdefault(label, {})
         by_path.setdefault("exact", []).append(_mean_over(model["per_n"], "exact_match", lo, hi))
         for name, per_n in json.loads(path.read_text(encoding="utf-8"))["paths"].items():
-            by_path.setdefault(f"J{name.split('_')[1]}", []).append(_mean_over(per_n, "exact_match", lo, hi))
+            column = f"J{name.removeprefix('jacobi_')}" if name.startswith("jacobi_") else f"R {name}"
+            by_path.setdefault(column, []).append(_mean_over(per_n, "exact_match", lo, hi))
         depths = json.loads((path.parent / "jacobi_depths.json").read_text(encoding="utf-8"))["depths"]
         for row in depths:
             state.setdefault(label, {}).setdefault(row["d_forward"], []).append(row["state_gap"])
@@ -779,7 +787,9 @@ def _readme(rows: Mapping[str, Sequence[Mapping[str, Any]]], seeds: Sequence[int
                   f"![cosine vs depth, exact anchor]({figures['gradient_fidelity_exact_anchor'].name})", ""]
     if depth_table:
         lines += [("## Evaluation path of the trained T²MLR models (EM on the training lengths, percent; mean over "
-                  "seeds) and the cache's distance from its fixed point (largest over seeds)"), "", *depth_table, "",
+                  "seeds) and the cache's distance from its fixed point (largest over seeds)"), "",
+                  ("J d: Jacobi prefill at d_forward d; R off: the recurrence ablated (R never fused), what the model "
+                  "does without the state it learned to use."), "", *depth_table, "",
                   f"![EM by evaluation path]({figures['em_by_path'].name})", ""]
     lines += ["## Runs that stopped", ""]
     lines += [f"- `{name}`: {message}" for name, message in failed.items()] or ["None."]
