@@ -12,7 +12,7 @@ import pytest
 
 from t2mlr.experiments.s5 import run_dir_name
 from t2mlr.experiments.s5_evidence import DESIGNS, MAIN_ARMS, run_study
-from t2mlr.training.metrics import optimizer_step_seconds
+from t2mlr.training.metrics import optimizer_step_seconds, read_metrics
 from t2mlr.training.trainer import NonFiniteLossError, Trainer
 
 SEEDS = (0, 1)
@@ -96,7 +96,7 @@ def test_tiny_study_trains_every_arm_records_failures_resumes_and_reports(tmp_pa
         assert set(times) == set(MAIN_ARMS)
         for arm, seconds in times.items():
             run_dir = out / f"seed_{seed}" / "tiny" / run_dir_name(arm)
-            assert seconds == optimizer_step_seconds(run_dir / "metrics.jsonl") > 0
+            assert seconds == optimizer_step_seconds(read_metrics(run_dir)) > 0
             assert rows[("tiny", arm)]["per_seed"][seed]["train_seconds"] == seconds
         assert rows[("tiny", "pause:2")]["per_seed"][seed]["train_time_ratio"] == pytest.approx(
             times["pause:2"] / times["t2mlr"])

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from t2mlr.training.metrics import METRICS_FILE, MetricsWriter, optimizer_step_seconds
+from t2mlr.training.metrics import METRICS_FILE, MetricsWriter, optimizer_step_seconds, read_metrics
 
 
 def _write(path: Path, records: list[dict]) -> None:
@@ -22,7 +22,7 @@ def test_step_time_is_each_records_tokens_over_its_rate(tmp_path: Path) -> None:
                {"split": "train", "step": 4, "tokens_seen": 600, "tokens_per_s": 50.0},
                {"split": "train", "step": 5, "tokens_seen": 700, "tokens_per_s": 200.0}]
     _write(tmp_path / METRICS_FILE, records)
-    assert optimizer_step_seconds(tmp_path / METRICS_FILE) == pytest.approx(2.0 + 8.0 + 0.5)
+    assert optimizer_step_seconds(read_metrics(tmp_path)) == pytest.approx(2.0 + 8.0 + 0.5)
 
 
 def test_a_resumed_log_reads_as_one_run(tmp_path: Path) -> None:
@@ -34,5 +34,5 @@ def test_a_resumed_log_reads_as_one_run(tmp_path: Path) -> None:
     writer.truncate_after(4)
     for step in (6, 8):
         writer.write({"split": "train", "step": step, "tokens_seen": 100 * step, "tokens_per_s": 200.0})
-    assert optimizer_step_seconds(tmp_path / METRICS_FILE) == pytest.approx(2.0 + 2.0 + 1.0 + 1.0)
+    assert optimizer_step_seconds(read_metrics(tmp_path)) == pytest.approx(2.0 + 2.0 + 1.0 + 1.0)
 

@@ -245,7 +245,7 @@ def run(preset: str, task: RetrofitTask, tree: dict[str, Any], out: Path, overwr
     from t2mlr.tasks.jsonl import write_jsonl
     from t2mlr.training.arms import load_trained, train_arms
     from t2mlr.training.distributed import computed_by_main, current_env
-    from t2mlr.training.metrics import METRICS_FILE, optimizer_step_seconds, read_metrics
+    from t2mlr.training.metrics import optimizer_step_seconds, read_metrics
 
     seed = int(tree["train"]["seed"])
     env = current_env(tree["train"].get("device", "auto"))
@@ -280,7 +280,7 @@ def run(preset: str, task: RetrofitTask, tree: dict[str, Any], out: Path, overwr
         scores = evaluate(arm.name, model)
         records = [r for r in read_metrics(trained.run_dir) if r.get("split") == "train"]
         models[arm.name] = {**scores, "eval_seconds": time.perf_counter() - eval_start,
-                            "train_seconds": optimizer_step_seconds(trained.run_dir / METRICS_FILE),
+                            "train_seconds": optimizer_step_seconds(records),
                             "train_and_save_seconds": trained.seconds, "tokens_seen": records[-1]["tokens_seen"],
                             "steps": records[-1]["step"], "losses": [r["loss"] for r in records],
                             "parameters": count_parameters(model), "run_dir": str(trained.run_dir)}

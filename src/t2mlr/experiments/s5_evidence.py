@@ -138,6 +138,11 @@ def seed_dir(out: Path, seed: int) -> Path:
     return out / f"seed_{seed}"
 
 
+def costs_file(out: Path, preset: str) -> Path:
+    """The side-by-side cost measurement of one variant's arms, made once per study."""
+    return out / COSTS_DIR / f"{preset}.json"
+
+
 def plan_study(design: str, seeds: Sequence[int], out: str | Path, overrides: Sequence[str] = ()) -> list[StudyRun]:
     """Every (seed, variant) experiment of the study, planned (data written, arms built; `overrides`: dotted
     config overrides for every variant, e.g. the tests' steps); every periodic checkpoint of the T²MLR arms is
@@ -231,7 +236,7 @@ def load_or_measure_costs(runs: Sequence[StudyRun], out: Path, rounds: int, deco
 
     costs = {}
     for run in runs:
-        path = out / COSTS_DIR / f"{run.variant.preset}.json"
+        path = costs_file(out, run.variant.preset)
         if run.variant.preset in costs:
             continue
         if not path.is_file():
@@ -282,7 +287,7 @@ def rewrite_report(design: str, seeds: Sequence[int], out: Path, report: Path) -
     if design not in DESIGNS:
         raise ValueError(f"the evidence study has no design for preset {design!r}; choose from {', '.join(DESIGNS)}")
     needed = [seed_dir(out, seed) / variant.preset / RESULTS_JSON for seed in seeds for variant in DESIGNS[design]]
-    needed += [out / COSTS_DIR / f"{variant.preset}.json" for variant in DESIGNS[design]]
+    needed += [costs_file(out, variant.preset) for variant in DESIGNS[design]]
     missing = [str(path) for path in needed if not path.is_file()]
     if missing:
         raise ValueError(f"--report-only writes the report from a finished study; missing: {', '.join(missing)} "
@@ -291,7 +296,7 @@ def rewrite_report(design: str, seeds: Sequence[int], out: Path, report: Path) -
               for seed in seeds for variant in DESIGNS[design]]
     failed = {f"s{place.seed}/{place.preset}/{name}": message for place in places
               for name, message in json.loads((place.out / RESULTS_JSON).read_text()).get("failed", {}).items()}
-    costs = {variant.preset: json.loads((out / COSTS_DIR / f"{variant.preset}.json").read_text(encoding="utf-8"))
+    costs = {variant.preset: json.loads(costs_file(out, variant.preset).read_text(encoding="utf-8"))
              for variant in DESIGNS[design]}
     return write_report(places, out, report, costs, failed)
 
@@ -493,7 +498,7 @@ def _spread(stats: Mapping[str, Any]) -> str:
 
 def _training_time(row: Mapping[str, Any]) -> list[str]:
     """Mean training minutes and mean ratio to the exact-trained T²MLR, as two table cells."""
-    seconds, ratio = row.get("train_seconds", {}).get("mean"), row.get("train_time_ratio", {}).get("mean")
+    seconds, ratio = row["train_seconds"]["mean"], row["train_time_ratio"]["mean"]
     return ["–" if seconds is None else f"{seconds / 60:.1f}", "–" if ratio is None else f"{ratio:.2f}×"]
 
 
@@ -524,10 +529,11 @@ def _write_train_times(place: RunPlace, path: Path) -> None:
     """Each arm's optimizer-step seconds, read from its metrics.jsonl: the wall clock a run records stops
     counting when the study is interrupted between an arm's end and its seed's results, the step records
     do not."""
-    from t2mlr.training.metrics import METRICS_FILE, optimizer_step_seconds
+    from t2mlr.training.metrics import METRICS_FILE, optimizer_step_seconds, read_metrics
 
-    seconds = {arm: optimizer_step_seconds(place.out / run_dir_name(arm) / METRICS_FILE) for arm in place.models
-               if (place.out / run_dir_name(arm) / METRICS_FILE).is_file()}
+    run_dirs = {arm: place.out / run_dir_name(arm) for arm in place.models}
+    seconds = {arm: optimizer_step_seconds(read_metrics(run_dir)) for arm, run_dir in run_dirs.items()
+               if (run_dir / METRICS_FILE).is_file()}
     path.write_text(json.dumps(seconds, indent=1) + "\n", encoding="utf-8")
 
 

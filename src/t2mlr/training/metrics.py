@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -97,13 +98,12 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def optimizer_step_seconds(metrics_file: Path) -> float:
-    """Seconds the optimizer steps took, from a run's train records (each logged step's tokens/s over the
-    tokens since the record before): checkpoints, evaluation and pauses between resumed attempts are left out,
-    so an interrupted and resumed run reads as one uninterrupted run."""
+def optimizer_step_seconds(records: Iterable[dict[str, Any]]) -> float:
+    """Seconds the optimizer steps took, from a run's records (`read_metrics`; each logged train step's tokens/s
+    over the tokens since the train record before): checkpoints, evaluation and pauses between resumed
+    attempts are left out, so an interrupted and resumed run reads as one uninterrupted run."""
     seconds, seen = 0.0, 0
-    for line in Path(metrics_file).read_text(encoding="utf-8").splitlines():
-        record = json.loads(line) if line.strip() else {}
+    for record in records:
         if record.get("split") == "train":
             seconds += (record["tokens_seen"] - seen) / record["tokens_per_s"]
             seen = record["tokens_seen"]
