@@ -1,5 +1,6 @@
 """The trainer's run log read back: optimizer-step time from metrics.jsonl, on hand-written records and
-through a resume that drops the records past the last checkpoint (the study test reads real runs)."""
+through a resume that drops the records past the last checkpoint (the study test reads real runs; the resume
+tests check the trainer's own running total across an interruption)."""
 
 from __future__ import annotations
 
@@ -36,3 +37,13 @@ def test_a_resumed_log_reads_as_one_run(tmp_path: Path) -> None:
         writer.write({"split": "train", "step": step, "tokens_seen": 100 * step, "tokens_per_s": 200.0})
     assert optimizer_step_seconds(read_metrics(tmp_path)) == pytest.approx(2.0 + 2.0 + 1.0 + 1.0)
 
+
+
+def test_the_trainers_running_total_is_read_where_the_records_carry_it(tmp_path: Path) -> None:
+    """Records with `step_seconds` give the last train record's total, not the tokens/s estimate (which here
+    would be 2 + 2 = 4 s)."""
+    records = [{"split": "train", "step": 2, "tokens_seen": 200, "tokens_per_s": 100.0, "step_seconds": 3.25},
+               {"split": "train", "step": 4, "tokens_seen": 400, "tokens_per_s": 100.0, "step_seconds": 7.5},
+               {"split": "eval", "step": 4, "loss": 1.0}]
+    _write(tmp_path / METRICS_FILE, records)
+    assert optimizer_step_seconds(read_metrics(tmp_path)) == 7.5

@@ -68,6 +68,49 @@ def test_stop_after_then_resume_equals_the_straight_run_bit_for_bit(straight: Pa
     assert (out / FINAL_DIR / "model.safetensors").is_file()
 
 
+def _train_records(out: Path) -> list[dict]:
+    return [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["split"] == "train"]
+
+
+def test_the_step_time_carries_over_an_interruption(tmp_path: Path) -> None:
+    """The optimizer steps' running total is saved with each checkpoint and continued on resume (here a total
+    of 1000 s written into the checkpoint stands for the attempts before), so a resumed run reports every
+    attempt's time; the records carry the same total."""
+    out = tmp_path / "run"
+    assert run(out, "--stop-after", "3") == 0
+    state_file = out / "checkpoints" / "step_00000003" / ckpt.STATE_FILE
+    state = json.loads(state_file.read_text())
+    assert state["step_seconds"] == _train_records(out)[-1]["step_seconds"] > 0
+    state_file.write_text(json.dumps({**state, "step_seconds": 1000.0}))
+    (out / "checkpoints" / "step_00000003" / ckpt.MANIFEST_FILE).unlink()  # the edited file would not match it
+    assert run(out, "--resume") == 0
+    after = [r["step_seconds"] for r in _train_records(out) if r["step"] > 3]
+    assert len(after) == 5 and 1000.0 < after[0] < after[-1]
+
+
+def test_a_checkpoint_without_a_step_time_continues_from_the_records_estimate(tmp_path: Path) -> None:
+    """A checkpoint written before the trainer kept the total: resuming starts from the estimate of the step
+    records up to it (`optimizer_step_seconds` on tokens/s; made 10,000 s here by slowing the recorded rates)."""
+    out = tmp_path / "run"
+    assert run(out, "--stop-after", "3") == 0
+    records = [{k: v for k, v in r.items() if k != "step_seconds"} for r in map(json.loads,
+                                                                              (out / "metrics.jsonl").read_text().splitlines())]
+    tokens = [r["tokens_seen"] for r in records if r["split"] == "train"]
+    assert records[0]["split"] == "train"
+    for record in records:
+        if record["split"] == "train":
+            record["tokens_per_s"] = tokens[0] / 10_000 if record is records[0] else 1e9
+    (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    step = out / "checkpoints" / "step_00000003"
+    state = json.loads((step / ckpt.STATE_FILE).read_text())
+    del state["step_seconds"]
+    (step / ckpt.STATE_FILE).write_text(json.dumps(state))
+    (step / ckpt.MANIFEST_FILE).unlink()
+    assert run(out, "--resume") == 0
+    after = [r["step_seconds"] for r in _train_records(out) if r["step"] > 3]
+    assert 10_000.0 < after[0] < 10_010.0
+
+
 def test_a_resume_that_would_change_the_schedule_is_refused(tmp_path: Path, capsys) -> None:
     out = tmp_path / "run"
     assert run(out, "--stop-after", "2") == 0

@@ -449,7 +449,7 @@ def summary_rows(seed_results: Mapping[int, Mapping[str, Any]],
                  train_times: Mapping[int, Mapping[str, float]] | None = None) -> list[dict[str, Any]]:
     """One row per (preset, arm) over the seeds' results.json payloads (seed -> payload), in the order the arms
     were listed: per seed the per-N means over the training lengths and beyond, then their spread; and the
-    training time (`train_times`, seed -> arm -> optimizer-step seconds, else the run's recorded wall clock)
+    training time (`train_times`, seed -> arm -> optimizer-step seconds, else results.json's own train_seconds)
     with its ratio to the exact-trained T²MLR of the same seed."""
     train_times = train_times or {}
     rows: dict[tuple[str, str], dict[str, Any]] = {}

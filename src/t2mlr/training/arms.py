@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import json
 import multiprocessing
 import os
 import shutil
@@ -72,7 +71,6 @@ from t2mlr.utils import resolve_device
 __all__ = ["Arm", "TrainedArm", "arm_from_tree", "base_section", "claim_run_dirs", "config_tree", "fixed_threads",
            "load_trained", "matched_arm", "model_section", "resolve_workers", "train_arms", "validation_batches"]
 
-TIME_FILE = "train_time.json"  # training seconds summed over resumed attempts
 _NOT_BASE_KEYS = {"transformers_version", "architectures", "_name_or_path", "dtype"}
 
 
@@ -95,7 +93,8 @@ class Arm:
 
 @dataclass(frozen=True)
 class TrainedArm:
-    """A finished arm: its run directory, its last checkpoint and its training seconds over every attempt."""
+    """A finished arm: its run directory, its last checkpoint and its optimizer steps' seconds over every attempt
+    (the trainer's `step_seconds`: checkpoints, evaluation and interruptions left out)."""
 
     arm: Arm
     run_dir: Path
@@ -215,15 +214,6 @@ def claim_run_dirs(out: str | Path, names: Sequence[str], *, resume: bool, overw
     return existing
 
 
-def _accumulated_seconds(run_dir: Path, spent: float) -> float:
-    """Add `spent` seconds to the run's recorded training time and return the total (a resumed run reports
-    the time of all its attempts)."""
-    path = run_dir / TIME_FILE
-    total = spent + (json.loads(path.read_text(encoding="utf-8"))["seconds"] if path.is_file() else 0.0)
-    path.write_text(json.dumps({"seconds": total}) + "\n", encoding="utf-8")
-    return total
-
-
 def load_trained(arm: TrainedArm) -> tuple[torch.nn.Module, torch.device]:
     """The arm's model rebuilt from its config with its last checkpoint's weights, on the config's device (under
     torchrun: this rank's), in evaluation mode (exactly what was saved)."""
@@ -327,14 +317,12 @@ def _labelled(arm: Arm, line: int | None) -> Arm:
 
 def _train_one(arm: Arm, run_dir: Path, resume: bool) -> TrainedArm:
     """Run the trainer on one arm in this process, on the arm's torch threads. Under torchrun every rank trains
-    it; rank 0 records the time and hands it to the others once its run directory is complete (final/)."""
-    started = time.perf_counter()
+    it, and every rank reports rank 0's training time."""
     with fixed_threads(arm.threads):
         result = train(arm.config, run_dir, resume=resume)
     if result.last_checkpoint is None:
         raise RuntimeError(f"training in {run_dir} ended without a checkpoint to evaluate")
-    spent = time.perf_counter() - started
-    seconds = dist_utils.computed_by_main(lambda: _accumulated_seconds(run_dir, spent), dist_utils.current_env())
+    seconds = dist_utils.computed_by_main(lambda: result.step_seconds, dist_utils.current_env())
     return TrainedArm(arm, run_dir, Path(result.last_checkpoint), seconds)
 
 

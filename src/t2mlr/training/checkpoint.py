@@ -73,6 +73,7 @@ class TrainerState:
     world_size: int
     global_batch_size: int
     torch_threads: int | None = None  # CPU threads of the run (None: not recorded by older versions)
+    step_seconds: float | None = None  # time spent in optimizer steps so far (None: not recorded by older versions)
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)

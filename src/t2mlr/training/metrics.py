@@ -99,12 +99,16 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def optimizer_step_seconds(records: Iterable[dict[str, Any]]) -> float:
-    """Seconds the optimizer steps took, from a run's records (`read_metrics`; each logged train step's tokens/s
-    over the tokens since the train record before): checkpoints, evaluation and pauses between resumed
-    attempts are left out, so an interrupted and resumed run reads as one uninterrupted run."""
+    """Seconds the optimizer steps took, from a run's records (`read_metrics`): checkpoints, evaluation and pauses
+    between resumed attempts left out, so an interrupted and resumed run reads as one uninterrupted run. The last
+    train record's `step_seconds` (the trainer's running total, kept in its checkpoints) where it has one; records of
+    older versions lack it, and there each logged step's tokens/s over the tokens since the record before gives an
+    estimate."""
+    train = [record for record in records if record.get("split") == "train"]
+    if train and "step_seconds" in train[-1]:
+        return float(train[-1]["step_seconds"])
     seconds, seen = 0.0, 0
-    for record in records:
-        if record.get("split") == "train":
-            seconds += (record["tokens_seen"] - seen) / record["tokens_per_s"]
-            seen = record["tokens_seen"]
+    for record in train:
+        seconds += (record["tokens_seen"] - seen) / record["tokens_per_s"]
+        seen = record["tokens_seen"]
     return seconds

@@ -60,7 +60,7 @@ from t2mlr.training.data import (
     labels_aligned,
 )
 from t2mlr.training.distributed import DistEnv
-from t2mlr.training.metrics import MetricsWriter, setup_logging
+from t2mlr.training.metrics import MetricsWriter, optimizer_step_seconds, read_metrics, setup_logging
 from t2mlr.training.model_factory import (
     RECURRENCE_ONLY_INPUTS,
     base_config,
@@ -94,6 +94,7 @@ class TrainResult:
     losses: list[float] = field(default_factory=list)
     last_checkpoint: Path | None = None
     eval_metrics: dict[str, Any] = field(default_factory=dict)
+    step_seconds: float = 0.0  # time in optimizer steps over every attempt (checkpoints and evaluation left out)
 
 
 @dataclass
@@ -141,6 +142,7 @@ class Trainer:
         self.metrics = MetricsWriter(self.out_dir, self.env.is_main, cfg.logging.tensorboard)
         self.step = 0
         self.tokens_seen = 0
+        self.step_seconds = 0.0  # carried in checkpoints, so an interrupted and resumed run loses none of it
         self.last_checkpoint: Path | None = None
         self._start_or_resume()
         self.batches = StepBatches(self.train_set, self._sampler(self.step), self.collator, cfg.data.num_workers)
@@ -215,6 +217,7 @@ class Trainer:
         if found is not None:
             self.last_checkpoint, state = found
             self.step, self.tokens_seen = state.step, state.tokens_seen
+            self.step_seconds = self._recorded_step_seconds(state)
             self.metrics.truncate_after(self.step)
             log.info("resumed from %s (step %d, %d tokens seen)", self.last_checkpoint, self.step, self.tokens_seen)
             if self.warm_states is not None:
@@ -226,6 +229,13 @@ class Trainer:
         if self.env.is_main:
             save_config(self.cfg, self.out_dir / CONFIG_FILE)
         self._log_setup()
+
+    def _recorded_step_seconds(self, state: TrainerState) -> float:
+        """The optimizer steps' time up to the resumed checkpoint: its own record, or (a checkpoint of an older
+        version, which kept none) the estimate from the step records up to it, on the rank that writes them."""
+        if state.step_seconds is not None:
+            return state.step_seconds
+        return optimizer_step_seconds(read_metrics(self.out_dir)) if self.metrics.path.is_file() else 0.0
 
     def _check_config_against_saved(self) -> None:
         """Refuse to continue a run under a configuration that would change its result."""
@@ -283,6 +293,7 @@ class Trainer:
                 stats = self.train_step(next(self.batches))
                 elapsed = time.perf_counter() - started
                 self.step += 1
+                self.step_seconds += elapsed
                 self.tokens_seen += stats.tokens
                 result.losses.append(stats.loss)
                 self._after_step(stats, elapsed, bar, result)
@@ -297,7 +308,7 @@ class Trainer:
             log.info("model ready: %s (t2mlr generate / t2mlr eval / from_pretrained)", self.out_dir / FINAL_DIR)
         elif not finished:
             log.info("stopped after step %d of %d; continue with --resume", self.step, cfg.train.max_steps)
-        result.step, result.last_checkpoint = self.step, self.last_checkpoint
+        result.step, result.last_checkpoint, result.step_seconds = self.step, self.last_checkpoint, self.step_seconds
         return result
 
     def _after_step(self, stats: StepStats, elapsed: float, bar: Any, result: TrainResult) -> None:
@@ -318,6 +329,7 @@ class Trainer:
         record: dict[str, Any] = {
             "split": "train", "step": self.step, "loss": stats.loss,
             "lr": stats.lr, "grad_norm": stats.grad_norm, "tokens_per_s": tokens_per_s, "tokens_seen": self.tokens_seen,
+            "step_seconds": self.step_seconds,
             "recurrence": self.train_recurrence, "jacobi_iterations": stats.jacobi_iterations,
         }
         if stats.warm_started is not None:
@@ -440,7 +452,8 @@ class Trainer:
     # ------------------------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> Path:
         state = TrainerState(step=self.step, tokens_seen=self.tokens_seen, world_size=self.env.world_size,
-                             global_batch_size=self.cfg.train.global_batch_size, torch_threads=torch.get_num_threads())
+                             global_batch_size=self.cfg.train.global_batch_size, torch_threads=torch.get_num_threads(),
+                             step_seconds=self.step_seconds)
         extra = {CONFIG_FILE: yaml.safe_dump(self.cfg.to_dict(), sort_keys=False)}
         model_config = getattr(self.model, "config", None)
         if model_config is not None:  # config.json + model.safetensors: `from_pretrained(checkpoint_dir)` works
