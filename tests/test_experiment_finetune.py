@@ -233,11 +233,14 @@ def test_from_checkpoints_and_summary(tmp_path: Path) -> None:
     summary = tmp_path / "summary"
     assert cli_main(["experiment", "finetune-summary", str(first), str(second), "--out", str(summary)]) == 0
     assert (summary / "pass_at_1.png").is_file() and (summary / "variable-assignment_seed0" / "predictions.jsonl").is_file()
-    assert "seed spread" in (summary / "results.md").read_text()
+    assert "seed spread" in (summary / "results.md").read_text() and "findings.md" not in (summary / "results.md").read_text()
+    (summary / "findings.md").write_text("hand-written\n")  # kept and linked by the next summary
     # summarised again from the per-run copies it keeps (results kept in place): no copy onto itself
     kept = summary / "variable-assignment_seed0"
     assert cli_main(["experiment", "finetune-summary", str(kept), "--out", str(summary)]) == 0
     assert json.loads((kept / "results.json").read_text()) == json.loads((second / "results.json").read_text())
+    assert "[findings.md](findings.md)" in (summary / "results.md").read_text()
+    assert (summary / "findings.md").read_text() == "hand-written\n"
 
 
 # ---------------------------------------------------------------------------------------------- bad input

@@ -38,6 +38,7 @@ __all__ = ["ArmResult", "DeclaredVocabulary", "FinetunePlan", "FinetuneTask", "S
            "wilson_interval", "write_summary"]
 
 RESULTS_MD, RESULTS_JSON, FIGURE, PREDICTIONS = "results.md", "results.json", "pass_at_1.png", "predictions.jsonl"
+FINDINGS = "findings.md"  # a summary folder's hand-written reading of its runs: linked, never written
 TASK_NAMES = ("variable-assignment", "prosqa-hard", "gsm-aug", "hotpotqa")
 _WRAPPER_TYPES = {"t2mlr": "t2mlr", "looped": "t2mlr_looped", "pause": "t2mlr_pause"}
 
@@ -642,7 +643,8 @@ def _task_table(runs: Sequence[dict[str, Any]]) -> list[str]:
 def write_summary(runs: Sequence[Path], out: Path) -> dict[str, list[dict[str, Any]]]:
     """Several finetune runs (tasks × seeds) in one report: a table per task with every seed and the spread, and
     the paper's figure layout (one bar group per task, one bar per arm, seeds as dots). Each run's results.md,
-    results.json and predictions.jsonl are copied to OUT/<task>_seed<k>/ so the report is self-contained."""
+    results.json and predictions.jsonl are copied to OUT/<task>_seed<k>/ so the report is self-contained. Words
+    written by hand about the runs belong in OUT/findings.md, which the summary links and never writes."""
     from t2mlr.analysis.figures import plot_pass_at_1
     from t2mlr.analysis.report import write_result
 
@@ -672,6 +674,8 @@ def write_summary(runs: Sequence[Path], out: Path) -> dict[str, list[dict[str, A
                   + ", ".join(f"`{first['task']}_seed{r['preset']['seed']}/`" for r in task_runs) + ".", "",
                   *_task_table(task_runs), ""]
     lines.append(f"![pass@1]({FIGURE})")
+    if (out / FINDINGS).is_file():
+        lines += ["", f"What the numbers say, written by hand after the runs: [{FINDINGS}]({FINDINGS})."]
     write_result(out, "results", lines, {label: [{"seed": r["preset"]["seed"], "results": r["results"]}
                                                  for r in task_runs] for label, task_runs in by_task.items()})
     bars: dict[str, dict[str, list[tuple[float, float, float]]]] = {label: {} for label in by_task}
