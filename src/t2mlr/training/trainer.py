@@ -232,10 +232,13 @@ class Trainer:
 
     def _recorded_step_seconds(self, state: TrainerState) -> float:
         """The optimizer steps' time up to the resumed checkpoint: its own record, or (a checkpoint of an older
-        version, which kept none) the estimate from the step records up to it, on the rank that writes them."""
+        version, which kept none) the estimate from the step records up to it (an interrupted attempt may have
+        logged past it), on the rank that writes them."""
         if state.step_seconds is not None:
             return state.step_seconds
-        return optimizer_step_seconds(read_metrics(self.out_dir)) if self.metrics.path.is_file() else 0.0
+        if not self.metrics.path.is_file():
+            return 0.0
+        return optimizer_step_seconds(r for r in read_metrics(self.out_dir) if r.get("step", 0) <= state.step)
 
     def _check_config_against_saved(self) -> None:
         """Refuse to continue a run under a configuration that would change its result."""
