@@ -51,6 +51,9 @@ ECHO_MOVED = {"batch_size", "betas", "checkpoint_every", "d_backward", "d_forwar
               # the pretraining preset's own spellings
               "batch", "eval_every", "heads", "hidden", "intermediate", "kv_heads", "layers", "middle", "seq_len", "vocab",
               "warmup"}
+# Keys the outputs gained after recording, accepted where they are new (their values are checked by their own
+# tests): the finetune's per-arm torch thread counts (test_experiment_finetune.py).
+GAINED = {"train_threads", "eval_threads"}
 SKIPPED_DIRS = {"checkpoints", "final", "base", "base.tmp", "tokenizer", "train_shards", "validation_shards", "english"}
 SKIPPED_FILES = {"train_time.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                  "generation_config.json"}
@@ -235,7 +238,7 @@ def as_recorded_today(recorded: dict[str, Any], found: dict[str, Any] | None = N
 
 def differences(recorded: Any, current: Any, where: str = "") -> list[str]:
     """Every place the two trees differ (values compared exactly: the runs are deterministic), but for the
-    preset echo's moved and added keys (`ECHO_MOVED`)."""
+    preset echo's moved and added keys (`ECHO_MOVED`) and the keys gained since recording (`GAINED`)."""
     if isinstance(recorded, dict) and isinstance(current, dict):
         echo = where.endswith(f"/{ECHO}") and ("results.json/" in where or "meta.json/" in where)
         out = []
@@ -244,7 +247,7 @@ def differences(recorded: Any, current: Any, where: str = "") -> list[str]:
                 if not (echo and key in ECHO_MOVED):
                     out.append(f"{where}/{key}: missing now")
             elif key not in recorded:
-                if not echo:
+                if not echo and key not in GAINED:
                     out.append(f"{where}/{key}: new (not recorded)")
             else:
                 out += differences(recorded[key], current[key], f"{where}/{key}")

@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
+from conftest import torch_threads
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from t2mlr.cli import main as cli_main
@@ -206,11 +207,24 @@ def test_miniature_run_writes_results_that_rescore(tmp_path: Path, task: str, ex
     policy = yaml.safe_load((out / "t2mlr_1-2" / "config.yaml").read_text())["model"]["recurrence_mask_policy"]
     assert policy == ("mask" if task == "hotpotqa" else "all")
     assert payload["preset"]["prefill"] == ("jacobi" if task == "hotpotqa" else "exact")
+    assert {(r["train_threads"], r["eval_threads"]) for r in payload["results"]} == {(1, 1)}
     rows = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
     assert len(rows) == 2 * payload["data_facts"]["eval_records"]
     assert {"prompt", "gold", "generated", "extracted", "correct"} <= set(rows[0])
     train_prompts = {json.loads(line)["prompt"] for line in (out / "data" / "train.jsonl").read_text().splitlines()}
     assert not train_prompts & {r["prompt"] for r in rows}  # held out
+
+
+def test_results_record_each_arms_thread_counts(tmp_path: Path) -> None:
+    """Two workers share --threads 2: each arm trains on one thread (as its checkpoint records), the
+    evaluation runs on both, and results.json and results.md say so."""
+    out = tmp_path / "run"
+    with torch_threads(1):
+        assert cli_main(["experiment", "finetune", "variable-assignment", "--preset", "tiny", "--out", str(out),
+                         "--eval-size", "4", "--workers", "2", "--threads", "2"]) == 0
+    payload = json.loads((out / "results.json").read_text())
+    assert [(r["train_threads"], r["eval_threads"]) for r in payload["results"]] == [(1, 2), (1, 2)]
+    assert "T²MLR(1,2) trained on 1, evaluated on 2" in (out / "results.md").read_text()
 
 
 def test_rescoring_reads_the_generated_text(tmp_path: Path) -> None:

@@ -114,6 +114,21 @@ def test_a_checkpoint_without_a_step_time_continues_from_the_records_estimate(tm
     assert 10_000.0 < after[0] < 10_010.0
 
 
+def test_a_resume_on_another_thread_count_warns_that_it_will_not_replay(tmp_path: Path) -> None:
+    """The checkpoint records its CPU thread count; resuming on another still trains, and train.log says the
+    steps from there will not match an uninterrupted run (resuming on the same count says nothing of it)."""
+    out, same = tmp_path / "run", tmp_path / "same"
+    for run_dir in (out, same):
+        assert run(run_dir, "--stop-after", "3") == 0
+    assert json.loads((out / "checkpoints" / "step_00000003" / ckpt.STATE_FILE).read_text())["torch_threads"] == 1
+    assert run(out, "--resume", "--threads", "2") == 0
+    assert run(same, "--resume") == 0
+    warning = "written on 1 torch CPU thread(s), this attempt runs on 2"
+    assert warning in (out / "train.log").read_text()
+    assert "this attempt runs on" not in (same / "train.log").read_text()
+    assert (out / FINAL_DIR / "model.safetensors").is_file()
+
+
 def test_a_resume_that_would_change_the_schedule_is_refused(tmp_path: Path, capsys) -> None:
     out = tmp_path / "run"
     assert run(out, "--stop-after", "2") == 0

@@ -124,6 +124,8 @@ class ArmResult:
     pass_at_1: float
     interval: tuple[float, float]
     extra: dict[str, float] = field(default_factory=dict)
+    train_threads: int | None = None  # torch CPU threads of training, as its last checkpoint records (None: unknown)
+    eval_threads: int | None = None  # torch CPU threads of the evaluation
 
 
 def wilson_interval(correct: int, total: int, z: float = 1.959964) -> tuple[float, float]:
@@ -455,10 +457,13 @@ def evaluate(plan: FinetunePlan, trained: TrainedArm, tokenizer: Any, records: S
     torchrun (`env`) the generation batches are shared out over the ranks, and every rank gets every reply."""
     from functools import partial
 
+    import torch
+
     from t2mlr.baselines.matching import count_parameters
     from t2mlr.generation.text import GenerationSettings, generate_batched
     from t2mlr.model import is_t2mlr
     from t2mlr.training.arms import load_trained
+    from t2mlr.training.checkpoint import recorded_threads
     from t2mlr.training.distributed import shard_and_gather
     from t2mlr.training.metrics import read_metrics
 
@@ -480,7 +485,8 @@ def evaluate(plan: FinetunePlan, trained: TrainedArm, tokenizer: Any, records: S
         arm=arm.name, label=arm.label, parameters=count_parameters(model), start=plan.start.of(arm.name),
         steps=arm.config.train.max_steps, tokens=tokens, train_seconds=trained.seconds, eval_seconds=eval_seconds,
         correct=correct, total=len(rows), pass_at_1=correct / len(rows), interval=wilson_interval(correct, len(rows)),
-        extra={k: sum(r[k] for r in rows) / len(rows) for k in extra_keys})
+        extra={k: sum(r[k] for r in rows) / len(rows) for k in extra_keys},
+        train_threads=recorded_threads(trained.run_dir), eval_threads=torch.get_num_threads())
     return result, rows, str(device)
 
 
@@ -534,6 +540,16 @@ def _settings_line(plan: FinetunePlan, workers: int) -> str:
             + (f"arms trained {workers} at a time." if workers > 1 else "arms trained in turn."))
 
 
+def _threads_line(results: Sequence[ArmResult]) -> str:
+    """Each arm's training and evaluation thread counts: the count fixes the float summation order, so a
+    seed's numbers reproduce only on the same counts."""
+    def count(value: int | None) -> str:
+        return "unknown" if value is None else str(value)
+
+    return "; ".join(f"{r.label} trained on {count(r.train_threads)}, evaluated on {count(r.eval_threads)}"
+                     for r in results) + "."
+
+
 def write_results(out: Path, plan: FinetunePlan, results: Sequence[ArmResult], facts: dict[str, Any], wall: float,
                   device: str, workers: int, target: int | None) -> None:
     from t2mlr.analysis.figures import plot_pass_at_1
@@ -554,6 +570,7 @@ def write_results(out: Path, plan: FinetunePlan, results: Sequence[ArmResult], f
         f"{json.dumps(task.settings)}" + (f"; data {plan.data}" if plan.data else "") + ".",
         f"- Models: {matched}; SFT with the prompt masked from the loss.",
         f"- Training and evaluation: {_settings_line(plan, workers)}",
+        f"- Torch CPU threads: {_threads_line(results)}",
         "- pass@1: one greedy sample per problem scored by the task's extractor; the interval is the 95% Wilson "
         "score interval over the problems.",
         *([f"- Preset notes: {task.notes}"] if task.notes else []),

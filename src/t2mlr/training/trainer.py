@@ -220,6 +220,7 @@ class Trainer:
             self.step_seconds = self._recorded_step_seconds(state)
             self.metrics.truncate_after(self.step)
             log.info("resumed from %s (step %d, %d tokens seen)", self.last_checkpoint, self.step, self.tokens_seen)
+            _warn_on_thread_change(state.torch_threads)
             if self.warm_states is not None:
                 self.warm_states.load(self.last_checkpoint)
         else:
@@ -538,6 +539,16 @@ def result_changing_differences(saved: dict[str, Any], cfg: TrainConfig) -> list
         changes.append(f"the schedule's length: {saved_total} → {cfg.horizon()} steps (train.max_steps, "
                        "schedule.total_steps)")
     return changes
+
+
+def _warn_on_thread_change(recorded: int | None) -> None:
+    """A resume on another CPU thread count still continues the run, but float sums then add up in another
+    order, so the steps that follow no longer replay an uninterrupted run: say so, since nothing else will."""
+    current = torch.get_num_threads()
+    if recorded is not None and recorded != current:
+        log.warning("the checkpoint was written on %d torch CPU thread(s), this attempt runs on %d: the float "
+                    "summation order changes, so the steps from here will not match an uninterrupted run bit for bit",
+                    recorded, current)
 
 
 def _format(metrics: dict[str, Any]) -> str:
