@@ -390,3 +390,21 @@ def test_generate_command_explains_a_missing_tokenizer(tmp_path, capsys) -> None
     assert "has no tokenizer" in capsys.readouterr().err
     assert _run_cli([str(tmp_path / "nowhere"), "--prompt", "x"]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("rank, shown", [(None, True), ("0", True), ("1", False)], ids=["alone", "rank 0", "rank 1"])
+def test_batched_generation_shows_its_progress_bar_on_one_rank_only(monkeypatch, capsys, rank: str | None,
+                                                                      shown: bool) -> None:
+    """Under torchrun every rank generates a share of the batches; only rank 0 draws the bar, so N ranks do not
+    print N copies of it (the replies are the same either way)."""
+    from t2mlr.generation.text import generate_batched
+
+    for name, value in (("RANK", rank), ("WORLD_SIZE", None if rank is None else "2")):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    replies = generate_batched(tiny_model(dtype=torch.float32), build_tokenizer(), ["what color", "how many legs"],
+                               GenerationSettings(max_new_tokens=2), 1, desc="replies")
+    assert len(replies) == 2
+    assert ("replies" in capsys.readouterr().err) is shown

@@ -134,6 +134,11 @@ def launched_by_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+def off_main_rank() -> bool:
+    """Whether this process is a torchrun rank other than 0: its progress bars would only repeat rank 0's."""
+    return launched_by_torchrun() and int(os.environ["RANK"]) != 0
+
+
 def lazy_names(package: str, homes: dict[str, str]) -> Callable[[str], Any]:
     """A package's module-level `__getattr__` (PEP 562) that imports each public name from its submodule
     (`homes`: name → submodule, relative to `package`) on first access, so importing the package, and the

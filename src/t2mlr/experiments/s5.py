@@ -378,6 +378,7 @@ def evaluate_by_n(model: Any, samples: Sequence[Mapping[str, Any]], tokenizer: A
     from t2mlr.analysis.common import fixed_depth
     from t2mlr.tasks.scoring import aggregate_s5_by_n, score_s5_prediction
     from t2mlr.training.distributed import shard_and_gather
+    from t2mlr.utils import off_main_rank
 
     def ids(tokens: Sequence[str]) -> list[int]:
         found = tokenizer.convert_tokens_to_ids(list(tokens))
@@ -396,7 +397,7 @@ def evaluate_by_n(model: Any, samples: Sequence[Mapping[str, Any]], tokenizer: A
     model.eval()
     try:
         with torch.no_grad(), fixed_depth(model), tqdm(total=len(samples), desc=desc, unit="seq",
-                                                       dynamic_ncols=True) as bar:
+                                                       dynamic_ncols=True, disable=off_main_rank()) as bar:
 
             def score(batch: tuple[int, list[Mapping[str, Any]]]) -> list[tuple[int, Any]]:
                 n, chunk = batch

@@ -21,7 +21,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from t2mlr.model import is_t2mlr
 from t2mlr.model.generation import PREFILL_PATHS, prefill_kwargs
-from t2mlr.utils import prompt_ids
+from t2mlr.utils import off_main_rank, prompt_ids
 
 __all__ = [
     "COMPILE_MODES",
@@ -168,7 +168,8 @@ def generate_batched(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
     batches = [list(prompts[lo : lo + batch_size]) for lo in range(0, len(prompts), batch_size)]
     was_training = model.training
     model.eval()
-    with tqdm(total=len(batches), desc=desc, unit="batch", dynamic_ncols=True, leave=False) as bar:
+    with tqdm(total=len(batches), desc=desc, unit="batch", dynamic_ncols=True, leave=False,
+              disable=off_main_rank()) as bar:
 
         def generate(batch: list[str]) -> list[str]:
             inputs = left_padded(tokenizer, batch, bos, device)

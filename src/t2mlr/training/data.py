@@ -47,6 +47,7 @@ from t2mlr.utils import (
     IGNORE_INDEX,
     TokenizerNotFoundError,
     load_tokenizer,
+    off_main_rank,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -270,7 +271,8 @@ def _scan_token_array(tokens: np.ndarray, vocab_size: int, source: str | None, n
     if tokens.dtype.kind == "u" and np.iinfo(tokens.dtype).max < vocab_size:
         return  # the dtype cannot hold an id outside the vocabulary
     chunks = range(0, tokens.size, _SCAN_CHUNK)
-    bar = tqdm(chunks, desc=f"checking {name} token ids", unit="chunk", disable=len(chunks) < 8, leave=False)
+    bar = tqdm(chunks, desc=f"checking {name} token ids", unit="chunk", disable=len(chunks) < 8 or off_main_rank(),
+               leave=False)
     for lo in bar:
         bad = _out_of_range(np.asarray(tokens[lo : lo + _SCAN_CHUNK]), vocab_size)
         if bad is not None:
