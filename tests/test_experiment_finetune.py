@@ -215,16 +215,19 @@ def test_miniature_run_writes_results_that_rescore(tmp_path: Path, task: str, ex
     assert not train_prompts & {r["prompt"] for r in rows}  # held out
 
 
-def test_results_record_each_arms_thread_counts(tmp_path: Path) -> None:
+def test_results_record_each_arms_cpu_arithmetic(tmp_path: Path) -> None:
     """Two workers share --threads 2: each arm trains on one thread (as its checkpoint records), the
-    evaluation runs on both, and results.json and results.md say so."""
+    evaluation runs on both, and results.json and results.md say so, with torch's CPU kernel set."""
     out = tmp_path / "run"
     with torch_threads(1):
         assert cli_main(["experiment", "finetune", "variable-assignment", "--preset", "tiny", "--out", str(out),
                          "--eval-size", "4", "--workers", "2", "--threads", "2"]) == 0
     payload = json.loads((out / "results.json").read_text())
     assert [(r["train_threads"], r["eval_threads"]) for r in payload["results"]] == [(1, 2), (1, 2)]
-    assert "T²MLR(1,2) trained on 1, evaluated on 2" in (out / "results.md").read_text()
+    kernels = torch.backends.cpu.get_cpu_capability()
+    assert {(r["train_cpu_kernels"], r["eval_cpu_kernels"]) for r in payload["results"]} == {(kernels, kernels)}
+    line = f"T²MLR(1,2) trained on 1 thread(s), {kernels} kernels, evaluated on 2 thread(s), {kernels} kernels"
+    assert line in (out / "results.md").read_text()
 
 
 def test_rescoring_reads_the_generated_text(tmp_path: Path) -> None:

@@ -114,19 +114,29 @@ def test_a_checkpoint_without_a_step_time_continues_from_the_records_estimate(tm
     assert 10_000.0 < after[0] < 10_010.0
 
 
-def test_a_resume_on_another_thread_count_warns_that_it_will_not_replay(tmp_path: Path) -> None:
-    """The checkpoint records its CPU thread count; resuming on another still trains, and train.log says the
-    steps from there will not match an uninterrupted run (resuming on the same count says nothing of it)."""
-    out, same = tmp_path / "run", tmp_path / "same"
-    for run_dir in (out, same):
+def test_a_resume_on_other_arithmetic_warns_that_it_will_not_replay(tmp_path: Path) -> None:
+    """The checkpoint records its CPU thread count and torch's CPU kernel set; resuming on another count or
+    another kernel set (another CPU: planted here by editing the record) still trains, and train.log says the
+    steps from there will not match an uninterrupted run; resuming on the same says nothing of it."""
+    threads, kernels, same = tmp_path / "threads", tmp_path / "kernels", tmp_path / "same"
+    for run_dir in (threads, kernels, same):
         assert run(run_dir, "--stop-after", "3") == 0
-    assert json.loads((out / "checkpoints" / "step_00000003" / ckpt.STATE_FILE).read_text())["torch_threads"] == 1
-    assert run(out, "--resume", "--threads", "2") == 0
+    step = kernels / "checkpoints" / "step_00000003"
+    state = json.loads((step / ckpt.STATE_FILE).read_text())
+    here = torch.backends.cpu.get_cpu_capability()
+    assert state["torch_threads"] == 1 and state["cpu_kernels"] == here
+    other = "AVX2" if here != "AVX2" else "DEFAULT"
+    (step / ckpt.STATE_FILE).write_text(json.dumps({**state, "cpu_kernels": other}))
+    (step / ckpt.MANIFEST_FILE).unlink()  # the edited file would not match it
+    assert run(threads, "--resume", "--threads", "2") == 0
+    assert run(kernels, "--resume") == 0
     assert run(same, "--resume") == 0
-    warning = "written on 1 torch CPU thread(s), this attempt runs on 2"
-    assert warning in (out / "train.log").read_text()
-    assert "this attempt runs on" not in (same / "train.log").read_text()
-    assert (out / FINAL_DIR / "model.safetensors").is_file()
+    logs = {path.name: (path / "train.log").read_text() for path in (threads, kernels, same)}
+    assert "written on 1 torch CPU thread(s), this attempt runs on 2:" in logs["threads"]
+    assert f"written on {other} CPU kernels, this attempt runs on {here}:" in logs["kernels"]
+    assert "CPU thread(s), this attempt" not in logs["kernels"]
+    assert "this attempt runs on" not in logs["same"]
+    assert (threads / FINAL_DIR / "model.safetensors").is_file()
 
 
 def test_a_resume_that_would_change_the_schedule_is_refused(tmp_path: Path, capsys) -> None:

@@ -124,8 +124,13 @@ class ArmResult:
     pass_at_1: float
     interval: tuple[float, float]
     extra: dict[str, float] = field(default_factory=dict)
-    train_threads: int | None = None  # torch CPU threads of training, as its last checkpoint records (None: unknown)
-    eval_threads: int | None = None  # torch CPU threads of the evaluation
+    # How training and evaluation computed on the CPU (both fix the float summation order, so a seed's numbers
+    # repeat only on the same): torch threads and kernel set (e.g. AVX512), training's as its last checkpoint
+    # records them (None: not recorded)
+    train_threads: int | None = None
+    eval_threads: int | None = None
+    train_cpu_kernels: str | None = None
+    eval_cpu_kernels: str | None = None
 
 
 def wilson_interval(correct: int, total: int, z: float = 1.959964) -> tuple[float, float]:
@@ -463,7 +468,7 @@ def evaluate(plan: FinetunePlan, trained: TrainedArm, tokenizer: Any, records: S
     from t2mlr.generation.text import GenerationSettings, generate_batched
     from t2mlr.model import is_t2mlr
     from t2mlr.training.arms import load_trained
-    from t2mlr.training.checkpoint import recorded_threads
+    from t2mlr.training.checkpoint import recorded_state
     from t2mlr.training.distributed import shard_and_gather
     from t2mlr.training.metrics import read_metrics
 
@@ -481,12 +486,14 @@ def evaluate(plan: FinetunePlan, trained: TrainedArm, tokenizer: Any, records: S
     correct = sum(r["correct"] for r in rows)
     extra_keys = [k for k in rows[0] if k in ("f1", "answer_correct")]
     tokens = max((int(r.get("tokens_seen", 0)) for r in read_metrics(trained.run_dir)), default=0)
+    trained_on = recorded_state(trained.run_dir)
     result = ArmResult(
         arm=arm.name, label=arm.label, parameters=count_parameters(model), start=plan.start.of(arm.name),
         steps=arm.config.train.max_steps, tokens=tokens, train_seconds=trained.seconds, eval_seconds=eval_seconds,
         correct=correct, total=len(rows), pass_at_1=correct / len(rows), interval=wilson_interval(correct, len(rows)),
         extra={k: sum(r[k] for r in rows) / len(rows) for k in extra_keys},
-        train_threads=recorded_threads(trained.run_dir), eval_threads=torch.get_num_threads())
+        train_threads=trained_on.get("torch_threads"), eval_threads=torch.get_num_threads(),
+        train_cpu_kernels=trained_on.get("cpu_kernels"), eval_cpu_kernels=torch.backends.cpu.get_cpu_capability())
     return result, rows, str(device)
 
 
@@ -540,14 +547,15 @@ def _settings_line(plan: FinetunePlan, workers: int) -> str:
             + (f"arms trained {workers} at a time." if workers > 1 else "arms trained in turn."))
 
 
-def _threads_line(results: Sequence[ArmResult]) -> str:
-    """Each arm's training and evaluation thread counts: the count fixes the float summation order, so a
-    seed's numbers reproduce only on the same counts."""
-    def count(value: int | None) -> str:
-        return "unknown" if value is None else str(value)
+def _arithmetic_line(results: Sequence[ArmResult]) -> str:
+    """Each arm's torch threads and CPU kernels in training and evaluation: they fix the float summation
+    order, so a seed's numbers repeat only on the same (findings: AVX2 and AVX512 trained ProsQA-Hard's
+    Transformer to 33.3% and 8.0% from one seed)."""
+    def on(threads: int | None, kernels: str | None) -> str:
+        return f"{'?' if threads is None else threads} thread(s), {kernels or '?'} kernels"
 
-    return "; ".join(f"{r.label} trained on {count(r.train_threads)}, evaluated on {count(r.eval_threads)}"
-                     for r in results) + "."
+    return "; ".join(f"{r.label} trained on {on(r.train_threads, r.train_cpu_kernels)}, evaluated on "
+                     f"{on(r.eval_threads, r.eval_cpu_kernels)}" for r in results) + "."
 
 
 def write_results(out: Path, plan: FinetunePlan, results: Sequence[ArmResult], facts: dict[str, Any], wall: float,
@@ -570,7 +578,7 @@ def write_results(out: Path, plan: FinetunePlan, results: Sequence[ArmResult], f
         f"{json.dumps(task.settings)}" + (f"; data {plan.data}" if plan.data else "") + ".",
         f"- Models: {matched}; SFT with the prompt masked from the loss.",
         f"- Training and evaluation: {_settings_line(plan, workers)}",
-        f"- Torch CPU threads: {_threads_line(results)}",
+        f"- CPU arithmetic: {_arithmetic_line(results)}",
         "- pass@1: one greedy sample per problem scored by the task's extractor; the interval is the 95% Wilson "
         "score interval over the problems.",
         *([f"- Preset notes: {task.notes}"] if task.notes else []),

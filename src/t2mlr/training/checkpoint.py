@@ -74,6 +74,7 @@ class TrainerState:
     global_batch_size: int
     torch_threads: int | None = None  # CPU threads of the run (None: not recorded by older versions)
     step_seconds: float | None = None  # time spent in optimizer steps so far (None: not recorded by older versions)
+    cpu_kernels: str | None = None  # torch's CPU kernel set, e.g. AVX512 (None: not recorded by older versions)
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -160,15 +161,20 @@ def manifest_problems(directory: Path, checksums: bool = True) -> list[str]:
     return problems
 
 
-def recorded_threads(run_dir: str | Path) -> int | None:
-    """The CPU thread count the newest checkpoint of a run recorded (None if unknown or unreadable)."""
+def recorded_state(run_dir: str | Path) -> dict[str, Any]:
+    """The trainer state the newest readable checkpoint of a run recorded ({} if none)."""
     root = Path(run_dir) / "checkpoints"
     for path in sorted(root.glob("step_*"), reverse=True) if root.is_dir() else []:
         try:
-            return json.loads((path / STATE_FILE).read_text(encoding="utf-8")).get("torch_threads")
+            return json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
-    return None
+    return {}
+
+
+def recorded_threads(run_dir: str | Path) -> int | None:
+    """The CPU thread count the newest checkpoint of a run recorded (None if unknown or unreadable)."""
+    return recorded_state(run_dir).get("torch_threads")
 
 
 def export_model_dir(checkpoint: Path, target: Path) -> Path:

@@ -220,7 +220,10 @@ class Trainer:
             self.step_seconds = self._recorded_step_seconds(state)
             self.metrics.truncate_after(self.step)
             log.info("resumed from %s (step %d, %d tokens seen)", self.last_checkpoint, self.step, self.tokens_seen)
-            _warn_on_thread_change(state.torch_threads)
+            if self.env.device.type == "cpu":
+                for change in arithmetic_changes(state):
+                    log.warning("the checkpoint was written on %s: the float sums add up in another order, so the "
+                                "steps from here will not match an uninterrupted run bit for bit", change)
             if self.warm_states is not None:
                 self.warm_states.load(self.last_checkpoint)
         else:
@@ -457,7 +460,7 @@ class Trainer:
     def save_checkpoint(self) -> Path:
         state = TrainerState(step=self.step, tokens_seen=self.tokens_seen, world_size=self.env.world_size,
                              global_batch_size=self.cfg.train.global_batch_size, torch_threads=torch.get_num_threads(),
-                             step_seconds=self.step_seconds)
+                             step_seconds=self.step_seconds, cpu_kernels=torch.backends.cpu.get_cpu_capability())
         extra = {CONFIG_FILE: yaml.safe_dump(self.cfg.to_dict(), sort_keys=False)}
         model_config = getattr(self.model, "config", None)
         if model_config is not None:  # config.json + model.safetensors: `from_pretrained(checkpoint_dir)` works
@@ -541,14 +544,15 @@ def result_changing_differences(saved: dict[str, Any], cfg: TrainConfig) -> list
     return changes
 
 
-def _warn_on_thread_change(recorded: int | None) -> None:
-    """A resume on another CPU thread count still continues the run, but float sums then add up in another
-    order, so the steps that follow no longer replay an uninterrupted run: say so, since nothing else will."""
-    current = torch.get_num_threads()
-    if recorded is not None and recorded != current:
-        log.warning("the checkpoint was written on %d torch CPU thread(s), this attempt runs on %d: the float "
-                    "summation order changes, so the steps from here will not match an uninterrupted run bit for bit",
-                    recorded, current)
+def arithmetic_changes(state: TrainerState) -> list[str]:
+    """How this process computes on the CPU differently from the one that wrote `state`: another torch thread
+    count or another kernel set (AVX2 against AVX512: another CPU). The run still continues, but no longer
+    replays an uninterrupted one, and nothing else would say so. Unrecorded values (older checkpoints) are
+    not compared."""
+    now = {"torch_threads": torch.get_num_threads(), "cpu_kernels": torch.backends.cpu.get_cpu_capability()}
+    what = {"torch_threads": "torch CPU thread(s)", "cpu_kernels": "CPU kernels"}
+    return [f"{getattr(state, key)} {what[key]}, this attempt runs on {value}" for key, value in now.items()
+            if getattr(state, key) is not None and getattr(state, key) != value]
 
 
 def _format(metrics: dict[str, Any]) -> str:
