@@ -8,7 +8,16 @@ metadata and held-out sets), and `compare` checks every value against the record
 wall-clock times, machine descriptions and paths. Every run and every evaluation computes on one torch
 thread, so the numbers are the same bit for bit from run to run (test_golden_experiments.py reruns them).
 
-Recording (only when a change of the numbers is intended, and said so in the commit):
+The numbers depend on the CPU's kernel set as well (torch, MKL and oneDNN pick AVX2 or AVX512 code by the
+CPU, and the float sums add up differently), so the fixtures are kept per kernel set, under
+`fixtures/golden_experiments/<kernels>/`, and a machine is compared with its own set's
+(`torch.backends.cpu.get_cpu_capability()`); a kernel set without recorded outputs skips, saying so. Both
+sets were recorded by the code before the restructuring (e3d2898; s5-evidence by 2e8df43, which extended
+it): avx512 on an AVX512 machine, avx2 on the same machine with AVX2 forced by `ATEN_CPU_CAPABILITY=avx2
+MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2` (which reproduced an AVX2 machine's ProsQA-Hard run to
+the last generated token: results/finetune_cpu/prosqa-hard_reproduction/).
+
+Recording (only when a change of the numbers is intended, and said so in the commit; for each kernel set):
 
     PYTHONPATH=src python tests/golden_experiments.py --write [NAME ...]
 """
@@ -266,13 +275,25 @@ def run_golden(run: GoldenRun, workdir: Path) -> dict[str, Any]:
     return collect(out, workdir)
 
 
-def fixture_path(name: str) -> Path:
-    return FIXTURES / f"{name}.json"
+def cpu_kernels() -> str:
+    """The kernel set torch computes with on this machine's CPU (AVX2, AVX512, ...)."""
+    import torch
+
+    return torch.backends.cpu.get_cpu_capability()
 
 
-def read_fixture(name: str) -> dict[str, Any]:
+def fixture_path(name: str, kernels: str | None = None) -> Path:
+    """Where one run's outputs on a kernel set (default: this machine's) are recorded."""
+    return FIXTURES / (kernels or cpu_kernels()).lower() / f"{name}.json"
+
+
+def recorded_kernels() -> list[str]:
+    return sorted(path.name.upper() for path in FIXTURES.iterdir() if path.is_dir() and path.name != "inputs")
+
+
+def read_fixture(name: str, kernels: str | None = None) -> dict[str, Any]:
     """The recorded outputs of one run (a list of one-entry objects, one line per file, for readable diffs)."""
-    return {path: content for entry in json.loads(fixture_path(name).read_text(encoding="utf-8"))
+    return {path: content for entry in json.loads(fixture_path(name, kernels).read_text(encoding="utf-8"))
             for path, content in entry.items()}
 
 
@@ -294,8 +315,9 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
         if args.write:
             lines = [json.dumps({path: content}, sort_keys=True) for path, content in sorted(found.items())]
+            fixture_path(run.name).parent.mkdir(parents=True, exist_ok=True)
             fixture_path(run.name).write_text("[\n" + ",\n".join(lines) + "\n]\n", encoding="utf-8")
-            print(f"recorded {run.name}: {len(found)} files")
+            print(f"recorded {run.name} on {cpu_kernels()} kernels: {len(found)} files")
             continue
         diffs = differences(as_recorded_today(read_fixture(run.name), found), found)
         failed += bool(diffs)
