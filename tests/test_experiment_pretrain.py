@@ -36,6 +36,7 @@ def test_tiny_pipeline_writes_the_table_and_curves(tiny_run: Path) -> None:
     for name in ("t2mlr_middle", "t2mlr_full", "transformer"):
         assert len(results["curves"][name]["train"]) == 6 and (tiny_run / name / "final" / "config.json").is_file()
     assert (tiny_run / "loss_curves.png").stat().st_size > 10_000
+    assert results["torch_threads"] == 1 and results["cpu_kernels"] == torch.backends.cpu.get_cpu_capability()
     table = (tiny_run / "results.md").read_text()
     assert "T²MLR(2,3) middle" in table and "T²MLR(1,4) full" in table and "Transformer (matched" in table
 

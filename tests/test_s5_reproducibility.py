@@ -54,11 +54,14 @@ def test_side_by_side_and_one_after_another_give_identical_numbers(tmp_path) -> 
         assert all(torch.equal(expected[key], got[key]) for key in expected), name
 
 
-def test_the_thread_count_is_recorded_and_checked(tmp_path) -> None:
+def test_the_thread_count_and_kernels_are_recorded_and_checked(tmp_path) -> None:
     run_experiment(tmp_path / "s5", 2, models=("transformer",), workers=1)
     payload = json.loads((tmp_path / "s5" / RESULTS_JSON).read_text())
     assert payload["torch_threads"] == payload["preset"]["torch_threads"] == 1
-    assert "computed on 1 torch thread(s)" in (tmp_path / "s5" / "results.md").read_text(encoding="utf-8")
+    kernels = torch.backends.cpu.get_cpu_capability()
+    assert payload["cpu_kernels"] == kernels
+    report = (tmp_path / "s5" / "results.md").read_text(encoding="utf-8")
+    assert "computed on 1 torch thread(s)" in report and f"with torch's {kernels} CPU kernels" in report
     with pytest.raises(ValueError, match="torch_threads must be >= 1"):
         load_sections(s5.config_name("tiny"), ["task.torch_threads=0"], {"task": s5.S5Task})
     with pytest.raises(ConfigError, match="Did you mean 'torch_threads'"):

@@ -230,6 +230,7 @@ def run(preset: str, task: PretrainTask, tree: dict[str, Any], out: str | Path, 
     payload = {"preset": {"name": preset, "steps": int(tree["train"]["max_steps"]), **asdict(task),
                           "description": describe(tree)}, "data": data.summary,
                "results": rows, "train_seconds": seconds, "workers": count, "torch_threads": torch.get_num_threads(),
+               "cpu_kernels": torch.backends.cpu.get_cpu_capability(),
                "wall_seconds": time.perf_counter() - started, "curves": curves}
     if env.is_main:
         plot_loss_curves(curves, {arm.name: arm.label for arm in arms}, out / "loss_curves.png")

@@ -551,6 +551,7 @@ def finish(plan: S5Plan, trained: Mapping[str, TrainedArm], started: float, work
            failures: Mapping[str, str] | None = None, env: DistEnv | None = None) -> list[ModelResult]:
     """Evaluate the trained models and write results.md, results.json and accuracy_vs_length.png (under
     torchrun, `env`: every rank evaluates its share, rank 0 writes)."""
+    import torch
     from tqdm.auto import tqdm
 
     from t2mlr.analysis.figures import plot_accuracy_vs_length
@@ -564,6 +565,7 @@ def finish(plan: S5Plan, trained: Mapping[str, TrainedArm], started: float, work
         plot_accuracy_vs_length(curves, plan.task.train_n, plan.out / FIGURE,
                                 title=f"S5-Retrieval ({plan.preset} preset, seed {plan.seed})")
     wall = time.perf_counter() - started
+    cpu_kernels = torch.backends.cpu.get_cpu_capability()
     schedule = ("the models trained one after another" if workers <= 1 else
                 f"the models trained {workers} at a time in worker processes, so their training times overlap")
     failures = dict(failures or {})
@@ -573,7 +575,8 @@ def finish(plan: S5Plan, trained: Mapping[str, TrainedArm], started: float, work
         (f"Preset `{plan.preset}`, seed {plan.seed}, device {device}, whole experiment (data, training, evaluation, "
          f"plot): {minutes(wall)}; {schedule}. Every run and the evaluation computed on {plan.task.torch_threads} "
          "torch thread(s) (fixed by the preset, so the numbers do not depend on the schedule or on the machine's "
-         "load; the times do)."),
+         f"load; the times do), with torch's {cpu_kernels} CPU kernels (another CPU's kernel set can give other "
+         "numbers)."),
         "",
         *describe(plan),
         "",
@@ -588,7 +591,7 @@ def finish(plan: S5Plan, trained: Mapping[str, TrainedArm], started: float, work
                                               for name, message in failures.items()]] if failures else []),
     ]
     payload = {"preset": echo(plan.preset, plan.task, plan.tree), "wall_seconds": wall, "training_workers": workers,
-               "torch_threads": plan.task.torch_threads,
+               "torch_threads": plan.task.torch_threads, "cpu_kernels": cpu_kernels,
                "models": [{**asdict(r), "per_n": {str(n): asdict(m) for n, m in r.per_n.items()}} for r in results],
                "failed": failures}
     write_result(plan.out, "results", lines, payload)
