@@ -134,6 +134,15 @@ def launched_by_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+def cpu_arithmetic() -> dict[str, Any]:
+    """How this process computes on the CPU: torch's thread count and kernel set (AVX2, AVX512, ...). Both set
+    the float summation order, so a run repeats bit for bit only where both are the same (keys as the
+    checkpoints' trainer state records them)."""
+    import torch
+
+    return {"torch_threads": torch.get_num_threads(), "cpu_kernels": torch.backends.cpu.get_cpu_capability()}
+
+
 def off_main_rank() -> bool:
     """Whether this process is a torchrun rank other than 0: its progress bars would only repeat rank 0's."""
     return launched_by_torchrun() and int(os.environ["RANK"]) != 0

@@ -462,8 +462,6 @@ def evaluate(plan: FinetunePlan, trained: TrainedArm, tokenizer: Any, records: S
     torchrun (`env`) the generation batches are shared out over the ranks, and every rank gets every reply."""
     from functools import partial
 
-    import torch
-
     from t2mlr.baselines.matching import count_parameters
     from t2mlr.generation.text import GenerationSettings, generate_batched
     from t2mlr.model import is_t2mlr
@@ -471,6 +469,7 @@ def evaluate(plan: FinetunePlan, trained: TrainedArm, tokenizer: Any, records: S
     from t2mlr.training.checkpoint import recorded_state
     from t2mlr.training.distributed import shard_and_gather
     from t2mlr.training.metrics import read_metrics
+    from t2mlr.utils import cpu_arithmetic
 
     model, device = load_trained(trained)
     arm, task = trained.arm, plan.task
@@ -486,14 +485,14 @@ def evaluate(plan: FinetunePlan, trained: TrainedArm, tokenizer: Any, records: S
     correct = sum(r["correct"] for r in rows)
     extra_keys = [k for k in rows[0] if k in ("f1", "answer_correct")]
     tokens = max((int(r.get("tokens_seen", 0)) for r in read_metrics(trained.run_dir)), default=0)
-    trained_on = recorded_state(trained.run_dir)
+    trained_on, evaluated_on = recorded_state(trained.run_dir), cpu_arithmetic()
     result = ArmResult(
         arm=arm.name, label=arm.label, parameters=count_parameters(model), start=plan.start.of(arm.name),
         steps=arm.config.train.max_steps, tokens=tokens, train_seconds=trained.seconds, eval_seconds=eval_seconds,
         correct=correct, total=len(rows), pass_at_1=correct / len(rows), interval=wilson_interval(correct, len(rows)),
         extra={k: sum(r[k] for r in rows) / len(rows) for k in extra_keys},
-        train_threads=trained_on.get("torch_threads"), eval_threads=torch.get_num_threads(),
-        train_cpu_kernels=trained_on.get("cpu_kernels"), eval_cpu_kernels=torch.backends.cpu.get_cpu_capability())
+        train_threads=trained_on.get("torch_threads"), eval_threads=evaluated_on["torch_threads"],
+        train_cpu_kernels=trained_on.get("cpu_kernels"), eval_cpu_kernels=evaluated_on["cpu_kernels"])
     return result, rows, str(device)
 
 

@@ -204,12 +204,11 @@ def run(preset: str, task: PretrainTask, tree: dict[str, Any], out: str | Path, 
     """The whole pipeline (see the module docstring); returns what results.json holds. Under torchrun rank 0
     prepares the data and writes the results, every arm trains over every rank and the validation batches are
     shared out (docs/scale.md)."""
-    import torch
-
     from t2mlr.analysis.figures import plot_loss_curves
     from t2mlr.analysis.report import write_result
     from t2mlr.training.arms import claim_run_dirs, resolve_workers, train_arms
     from t2mlr.training.distributed import computed_by_main, current_env
+    from t2mlr.utils import cpu_arithmetic
 
     out = Path(out)
     env = current_env(tree["train"].get("device", "cpu"))
@@ -229,8 +228,7 @@ def run(preset: str, task: PretrainTask, tree: dict[str, Any], out: str | Path, 
     curves = loss_curves({arm.name: trained[arm.name].run_dir for arm in arms})
     payload = {"preset": {"name": preset, "steps": int(tree["train"]["max_steps"]), **asdict(task),
                           "description": describe(tree)}, "data": data.summary,
-               "results": rows, "train_seconds": seconds, "workers": count, "torch_threads": torch.get_num_threads(),
-               "cpu_kernels": torch.backends.cpu.get_cpu_capability(),
+               "results": rows, "train_seconds": seconds, "workers": count, **cpu_arithmetic(),
                "wall_seconds": time.perf_counter() - started, "curves": curves}
     if env.is_main:
         plot_loss_curves(curves, {arm.name: arm.label for arm in arms}, out / "loss_curves.png")

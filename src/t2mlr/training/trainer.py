@@ -72,7 +72,7 @@ from t2mlr.training.model_factory import (
 )
 from t2mlr.training.optim import build_optimizer, build_scheduler, lr_multiplier
 from t2mlr.training.warm_states import WarmStartStore
-from t2mlr.utils import load_tokenizer
+from t2mlr.utils import cpu_arithmetic, load_tokenizer
 
 log = logging.getLogger("t2mlr.training")
 
@@ -459,8 +459,8 @@ class Trainer:
     # ------------------------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> Path:
         state = TrainerState(step=self.step, tokens_seen=self.tokens_seen, world_size=self.env.world_size,
-                             global_batch_size=self.cfg.train.global_batch_size, torch_threads=torch.get_num_threads(),
-                             step_seconds=self.step_seconds, cpu_kernels=torch.backends.cpu.get_cpu_capability())
+                             global_batch_size=self.cfg.train.global_batch_size, step_seconds=self.step_seconds,
+                             **cpu_arithmetic())
         extra = {CONFIG_FILE: yaml.safe_dump(self.cfg.to_dict(), sort_keys=False)}
         model_config = getattr(self.model, "config", None)
         if model_config is not None:  # config.json + model.safetensors: `from_pretrained(checkpoint_dir)` works
@@ -549,9 +549,8 @@ def arithmetic_changes(state: TrainerState) -> list[str]:
     count or another kernel set (AVX2 against AVX512: another CPU). The run still continues, but no longer
     replays an uninterrupted one, and nothing else would say so. Unrecorded values (older checkpoints) are
     not compared."""
-    now = {"torch_threads": torch.get_num_threads(), "cpu_kernels": torch.backends.cpu.get_cpu_capability()}
     what = {"torch_threads": "torch CPU thread(s)", "cpu_kernels": "CPU kernels"}
-    return [f"{getattr(state, key)} {what[key]}, this attempt runs on {value}" for key, value in now.items()
+    return [f"{getattr(state, key)} {what[key]}, this attempt runs on {value}" for key, value in cpu_arithmetic().items()
             if getattr(state, key) is not None and getattr(state, key) != value]
 
 
