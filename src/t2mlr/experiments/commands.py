@@ -87,7 +87,7 @@ def _guarded(command: str, work: Callable[[argparse.Namespace], Any]) -> Callabl
             except ConfigError as err:
                 raise ValueError(f"config error: {err}") from err
 
-        return run_with_exit_codes(f"t2mlr experiment {command}", lambda: checked())[0]
+        return run_with_exit_codes(f"t2mlr experiment {command}", checked)[0]
 
     return handler
 
@@ -136,16 +136,18 @@ DRY_RUN_HELP = ("size every arm the experiment would train (parameters, memory p
                 "GPU-hours, their sum) and print the launch line; writes nothing, reads no data, allocates no weights")
 
 
-def dry_run(args: argparse.Namespace, title: str, words: Sequence[str], arms: Any, notes: Sequence[str]) -> None:
-    """Print the sizing of `arms` (--dry-run); `words`: the experiment's command line after `t2mlr`, as the
-    launch line gives it. Input that cannot be sized is a ValueError (exit 2)."""
+def dry_run(args: argparse.Namespace, head: Sequence[str], overrides: Sequence[str], out: Path | str, arms: Any,
+            notes: Sequence[str], flags: dict[str, Any] | None = None) -> None:
+    """Print the sizing of `arms` (--dry-run); `head`: the experiment's words after `t2mlr` (`experiment finetune
+    TASK`), the rest as `launch_words` takes them. Input that cannot be sized is a ValueError (exit 2)."""
     from t2mlr.experiments.dry_run import size_experiment
     from t2mlr.training.sizing import DEFAULT_MFU, SizingError
 
     arms = list(arms.values()) if isinstance(arms, dict) else list(arms)
+    title = f"t2mlr {' '.join(head)} --preset {args.preset}"
     try:
-        size = size_experiment(title, words, arms, args.devices or 1, args.gpu,
-                               DEFAULT_MFU if args.mfu is None else args.mfu, notes)
+        size = size_experiment(title, launch_words(args, head, overrides, out, flags), arms, args.devices or 1,
+                               args.gpu, DEFAULT_MFU if args.mfu is None else args.mfu, notes)
     except SizingError as err:
         raise ValueError(f"--dry-run: {err}") from err
     print(size.to_json() if args.json else size.table())
@@ -235,9 +237,8 @@ def _run_s5(args: argparse.Namespace) -> Any:
     if args.dry_run:
         arms, notes = s5.dry_run_arms(task, tree, args.out, tuple(args.models))
         models = None if tuple(args.models) == s5.MODEL_NAMES else args.models
-        return dry_run(args, f"t2mlr experiment s5-retrieval --preset {args.preset}",
-                       launch_words(args, ["experiment", "s5-retrieval"], _s5_overrides(args), args.out,
-                                    {"--models": models}), arms, notes)
+        return dry_run(args, ["experiment", "s5-retrieval"], _s5_overrides(args), args.out, arms, notes,
+                       {"--models": models})
     with ranks(tree):
         return s5.run(args.preset, task, tree, args.out, tuple(args.models), args.resume, args.overwrite, args.workers)
 
@@ -331,9 +332,8 @@ def _run_s5_evidence(args: argparse.Namespace) -> Any:
                              "under torchrun; size it on one device (or size its arms with s5-retrieval --models)")
 
         arms, notes = dry_run_arms(args.preset, args.seeds, args.out, overrides)
-        words = launch_words(args, ["experiment", "s5-evidence"], overrides, args.out,
-                             {"--seeds": args.seeds, "--report": args.report})
-        return dry_run(args, f"t2mlr experiment s5-evidence --preset {args.preset}", words, arms, notes)
+        return dry_run(args, ["experiment", "s5-evidence"], overrides, args.out, arms, notes,
+                       {"--seeds": args.seeds, "--report": args.report})
     return run_study(args.preset, args.seeds, args.out, report=args.report, workers=args.workers,
                      analyses=not args.skip_analyses, overrides=overrides, cost_rounds=args.cost_rounds,
                      decode_rounds=args.decode_rounds, report_only=args.report_only)
@@ -393,9 +393,11 @@ def _run_finetune(args: argparse.Namespace) -> Any:
     from t2mlr.experiments import finetune
     from t2mlr.tasks.reasoning import check_data_source, get_task
 
-    name = finetune.config_name(args.preset, args.task)
-    if not (EXPERIMENT_CONFIGS / f"{Path(name).name}.yaml").is_file():
-        covered = [t for t in FINETUNE_TASKS if (EXPERIMENT_CONFIGS / f"{Path(finetune.config_name(args.preset, t)).name}.yaml").is_file()]
+    def has_config(task: str) -> bool:
+        return (EXPERIMENT_CONFIGS / f"{Path(finetune.config_name(args.preset, task)).name}.yaml").is_file()
+
+    if not has_config(args.task):
+        covered = [t for t in FINETUNE_TASKS if has_config(t)]
         raise ValueError(f"the {args.preset} preset covers {', '.join(covered)}; {args.task} needs --preset paper (GPU) "
                          "or tiny")
     mask = None if args.prompt_recurrence_mask is None else ("mask" if args.prompt_recurrence_mask else "all")
@@ -409,7 +411,7 @@ def _run_finetune(args: argparse.Namespace) -> Any:
         raise ValueError("--out is required (the output directory), unless --dry-run")
     if get_task(args.task).needs_data and not args.dry_run:  # a missing data file is reported before torch loads
         check_data_source(args.task, args.data, args.variant)
-    task, tree = load(name, overrides, finetune.FinetuneTask)
+    task, tree = load(finetune.config_name(args.preset, args.task), overrides, finetune.FinetuneTask)
     plan = finetune.make_plan(args.preset, task, tree, args.arms, args.from_, args.retrofit, args.data, args.variant,
                               args.prefill_depth, dry_run=args.dry_run)
     if args.dry_run:
@@ -422,8 +424,7 @@ def _run_finetune(args: argparse.Namespace) -> Any:
         checkpoints = args.from_ or (["CHECKPOINTS"] if plan.start.kind == "shape" else None)
         flags = {"--arms": args.arms, "--from": checkpoints, "--retrofit": args.retrofit, "--data": args.data,
                  "--variant": args.variant, "--prefill-depth": args.prefill_depth}
-        return dry_run(args, f"t2mlr experiment finetune {args.task} --preset {args.preset}",
-                       launch_words(args, ["experiment", "finetune", args.task], overrides, out, flags), arms, notes)
+        return dry_run(args, ["experiment", "finetune", args.task], overrides, out, arms, notes, flags)
     _set_threads(args.threads)
     with ranks(tree):
         return finetune.run(plan, args.out, resume=args.resume, overwrite=args.overwrite, workers=args.workers)
@@ -432,10 +433,7 @@ def _run_finetune(args: argparse.Namespace) -> Any:
 def _run_finetune_summary(args: argparse.Namespace) -> Any:
     from t2mlr.experiments.finetune import write_summary
 
-    try:
-        return write_summary([Path(p) for p in args.runs], args.out)
-    except json.JSONDecodeError as err:
-        raise ValueError(str(err)) from err
+    return write_summary([Path(p) for p in args.runs], args.out)  # a broken results.json: a ValueError, exit 2
 
 
 def _add_finetune(sub: Any) -> None:
@@ -523,8 +521,7 @@ def _run_retrofit(args: argparse.Namespace) -> Any:
     task, tree = load(retrofit.config_name(args.preset), overrides, retrofit.RetrofitTask)
     if args.dry_run:
         arms, notes = retrofit.dry_run_arms(task, tree, args.out)
-        return dry_run(args, f"t2mlr experiment retrofit --preset {args.preset}",
-                       launch_words(args, ["experiment", "retrofit"], overrides, args.out), arms, notes)
+        return dry_run(args, ["experiment", "retrofit"], overrides, args.out, arms, notes)
     _set_threads(args.threads)
     with ranks(tree) as env:
         retrofit.run(args.preset, task, tree, args.out, overwrite=args.overwrite)
@@ -535,10 +532,7 @@ def _run_retrofit(args: argparse.Namespace) -> Any:
 def _run_retrofit_summary(args: argparse.Namespace) -> Any:
     from t2mlr.experiments.retrofit import write_summary
 
-    try:
-        write_summary(args.runs, args.out)
-    except json.JSONDecodeError as err:
-        raise ValueError(str(err)) from err
+    write_summary(args.runs, args.out)  # a broken results.json: JSONDecodeError, a ValueError (exit 2)
     print((args.out / "summary.md").read_text(encoding="utf-8"))
 
 
@@ -597,9 +591,7 @@ def _run_pretrain(args: argparse.Namespace) -> Any:
     task, tree = load(pretrain.config_name(args.preset), overrides, pretrain.PretrainTask)
     if args.dry_run:
         arms, notes = pretrain.dry_run_arms(tree, args.out)
-        return dry_run(args, f"t2mlr experiment pretrain --preset {args.preset}",
-                       launch_words(args, ["experiment", "pretrain"], overrides, args.out, {"--corpus": args.corpus}),
-                       arms, notes)
+        return dry_run(args, ["experiment", "pretrain"], overrides, args.out, arms, notes, {"--corpus": args.corpus})
     _set_threads(args.threads)
     with ranks(tree) as env:
         payload = pretrain.run(args.preset, task, tree, args.out, corpus=args.corpus, workers=args.workers,

@@ -105,12 +105,12 @@ def _table_lines(size: ExperimentSize) -> list[str]:
               + (f"; {unsized} arm(s) not sized, not in the sums" if unsized else "")),
              "arms"]
     for a in size.arms:
+        lines.append(f"  {a.name}: {a.label} → OUT/{a.directory}")
         if a.run is None:
-            lines += [f"  {a.name}: {a.label} → OUT/{a.directory}", f"    not sized: {a.not_sized}"]
+            lines.append(f"    not sized: {a.not_sized}")
             continue
         run, memory, plan = a.run, a.run.memory, a.run.plan
-        lines += [f"  {a.name}: {a.label} → OUT/{a.directory}",
-                  (f"    {run.model}, {run.training_path}; {run.global_batch} rows × {run.seq_len} tokens (micro-batch "
+        lines += [(f"    {run.model}, {run.training_path}; {run.global_batch} rows × {run.seq_len} tokens (micro-batch "
                    f"{plan.micro_batch} × {plan.devices} device(s) × accumulation {plan.accumulation}), "
                    f"{'bf16 autocast' if plan.precision == 'bf16' else 'fp32'}"),
                   (f"    memory: weights {_gib(memory.weights)}, gradients {_gib(memory.gradients)}, AdamW "
@@ -150,16 +150,14 @@ def size_experiment(title: str, command: Sequence[str], arms: Sequence[Arm], dev
     sized = []
     for arm in arms:
         try:
-            run = size_run(arm.config, devices, gpu, mfu, config_name=f"OUT/{arm.dir_name}/config.yaml")
+            run, not_sized = size_run(arm.config, devices, gpu, mfu, config_name=f"OUT/{arm.dir_name}/config.yaml"), None
         except UnsupportedModelError as err:
-            sized.append(ArmSize(arm.name, arm.label, arm.dir_name, None, str(err)))
-            continue
+            run, not_sized = None, str(err)
         except SizingError as err:
             raise SizingError(f"arm {arm.name}: {err}") from err
-        sized.append(ArmSize(arm.name, arm.label, arm.dir_name, run))
+        sized.append(ArmSize(arm.name, arm.label, arm.dir_name, run, not_sized))
     words = list(command)
-    first = arms[0].config.train
-    if devices > 1 and first.parallel == "none":
+    if devices > 1 and arms[0].config.train.parallel == "none":
         words += ["--parallel", choose_parallel(arms[0].config, devices)]
     all_notes = [*notes, *_arm_notes(sized)] + ([TORCHRUN_NOTE] if devices > 1 else [])
     return ExperimentSize(title, devices, kind, mfu, tuple(sized),

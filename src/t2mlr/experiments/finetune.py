@@ -39,7 +39,6 @@ __all__ = ["ArmResult", "DeclaredVocabulary", "FinetunePlan", "FinetuneTask", "S
 
 RESULTS_MD, RESULTS_JSON, FIGURE, PREDICTIONS = "results.md", "results.json", "pass_at_1.png", "predictions.jsonl"
 FINDINGS = "findings.md"  # a summary folder's hand-written reading of its runs: linked, never written
-TASK_NAMES = ("variable-assignment", "prosqa-hard", "gsm-aug", "hotpotqa")
 _WRAPPER_TYPES = {"t2mlr": "t2mlr", "looped": "t2mlr_looped", "pause": "t2mlr_pause"}
 
 
@@ -288,11 +287,9 @@ def build_arms(plan: FinetunePlan, tree: dict[str, Any]) -> tuple[list[Arm], int
             arms.append(arm_from_tree(tree, spec.name, label, overrides, directory=spec.dir_name))
         elif start.kind == "scratch":
             arms.append(matched_arm(tree, spec.name, spec, label, directory=spec.dir_name))
-        elif start.kind == "shape":
-            model = _shape_model(spec, tree["model"]["base"], settings)
-            arms.append(Arm(spec.name, label, config_from_tree({**tree, "model": model}), directory=spec.dir_name))
         else:
-            model = (_model_from_checkpoint(spec, start.checkpoints[spec.name], settings) if start.kind == "from"
+            model = (_shape_model(spec, tree["model"]["base"], settings) if start.kind == "shape" else
+                     _model_from_checkpoint(spec, start.checkpoints[spec.name], settings) if start.kind == "from"
                      else _retrofit_model(spec, str(start.model), settings))
             arms.append(Arm(spec.name, label, config_from_tree({**tree, "model": model}), directory=spec.dir_name))
     if start.kind != "scratch":

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from functools import partial
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -30,13 +31,10 @@ if TYPE_CHECKING:  # the heavy imports happen when the command runs, not when th
 __all__ = ["PARAM_PRESETS", "main", "register"]
 
 
-def _s5_config(name: str) -> Callable[[], "T2MLRConfig"]:
-    def build() -> "T2MLRConfig":
-        from t2mlr.experiments.s5 import t2mlr_config
+def _s5_config(name: str) -> "T2MLRConfig":
+    from t2mlr.experiments.s5 import t2mlr_config
 
-        return t2mlr_config(name)
-
-    return build
+    return t2mlr_config(name)
 
 
 def _smollm2_135m() -> "T2MLRConfig":
@@ -46,9 +44,9 @@ def _smollm2_135m() -> "T2MLRConfig":
 
 
 PARAM_PRESETS: dict[str, Callable[[], "T2MLRConfig"]] = {
-    "s5-tiny": _s5_config("tiny"),
-    "s5-cpu": _s5_config("cpu"),
-    "s5-paper": _s5_config("paper"),
+    "s5-tiny": partial(_s5_config, "tiny"),
+    "s5-cpu": partial(_s5_config, "cpu"),
+    "s5-paper": partial(_s5_config, "paper"),
     "smollm2-135m": _smollm2_135m,
 }
 SHAPE_NAMES = ("smollm2-135m", "smollm2-360m", "smollm2-1b")  # t2mlr.model.shapes.SHAPES, named here so --help needs no torch

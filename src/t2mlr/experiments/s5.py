@@ -228,18 +228,13 @@ def data_settings(task: S5Task, seed: int) -> dict[str, Any]:
     return json.loads(json.dumps({**{name: getattr(task, name) for name in names}, "seed": seed}))
 
 
-def data_spec(task: S5Task, seed: int) -> Any:
-    from t2mlr.tasks.s5_data import S5DataSpec
-
-    return S5DataSpec(task.k, task.dict_size, task.alphabet, task.num_actions, seed)
-
-
 def prepare_data(task: S5Task, seed: int, data_dir: Path, echo: dict[str, Any]) -> tuple[Any, list[dict[str, Any]]]:
     """Tokenizer, evaluation set and a training peek under `data_dir` (an earlier run's evaluation set of the
     same settings is reused); returns the tokenizer and the evaluation samples."""
     from tqdm.auto import tqdm
 
     from t2mlr.tasks.jsonl import read_jsonl, write_jsonl
+    from t2mlr.tasks.s5_data import S5DataSpec
     from t2mlr.tasks.tokenizers import build_s5_tokenizer
 
     meta = data_dir / "meta.json"
@@ -248,7 +243,7 @@ def prepare_data(task: S5Task, seed: int, data_dir: Path, echo: dict[str, Any]) 
     data_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = build_s5_tokenizer(task.k, task.alphabet)
     tokenizer.save_pretrained(str(data_dir / "tokenizer"))
-    spec = data_spec(task, seed)
+    spec = S5DataSpec(task.k, task.dict_size, task.alphabet, task.num_actions, seed)
     if (data_dir / "eval.jsonl").is_file():
         samples = read_jsonl(data_dir / "eval.jsonl")
     else:
@@ -473,26 +468,19 @@ def _span(lo: int, hi: int) -> str:
 
 
 def results_table(results: Sequence[ModelResult], task: S5Task) -> list[str]:
+    """One row per model; EM and token accuracy over the training lengths and, when the evaluation goes further,
+    beyond them."""
     from t2mlr.analysis.report import minutes
 
     lo, hi = task.train_n
-    beyond = (hi + 1, task.eval_n[1])
-    has_beyond = beyond[0] <= beyond[1]
-    head = (f"| model | trained on | evaluated on | parameters | steps | training time | EM ({_span(lo, hi)}) | "
-            f"token acc ({_span(lo, hi)}) |")
-    rule = "|---|---|---|---:|---:|---:|---:|---:|"
-    if has_beyond:
-        head += f" EM ({_span(*beyond)}) | token acc ({_span(*beyond)}) |"
-        rule += "---:|---:|"
-    lines = [head, rule]
+    spans = [(lo, hi)] + ([(hi + 1, task.eval_n[1])] if hi < task.eval_n[1] else [])
+    lines = ["| model | trained on | evaluated on | parameters | steps | training time |"
+             + "".join(f" EM ({_span(*span)}) | token acc ({_span(*span)}) |" for span in spans),
+             "|---|---|---|---:|---:|---:|" + "---:|---:|" * len(spans)]
     for r in results:
-        inside = summarize(r.per_n, lo, hi) or (float("nan"), float("nan"))
-        row = (f"| {r.label} | {r.train_path} | {r.eval_path} | {r.parameters:,} | {r.steps:,} | "
-               f"{minutes(r.train_seconds)} | {_fmt(inside[0])} | {_fmt(inside[1])} |")
-        if has_beyond:
-            outside = summarize(r.per_n, *beyond) or (float("nan"), float("nan"))
-            row += f" {_fmt(outside[0])} | {_fmt(outside[1])} |"
-        lines.append(row)
+        scores = [summarize(r.per_n, *span) or (float("nan"), float("nan")) for span in spans]
+        lines.append(f"| {r.label} | {r.train_path} | {r.eval_path} | {r.parameters:,} | {r.steps:,} | "
+                     f"{minutes(r.train_seconds)} |" + "".join(f" {_fmt(em)} | {_fmt(tok)} |" for em, tok in scores))
     return lines
 
 
@@ -537,8 +525,8 @@ def describe(plan: S5Plan) -> list[str]:
         f"{schedule['warmup_steps']} warmup steps then cosine to {schedule['min_lr_ratio']:g}× lr, batch "
         f"{cfg.train.global_batch_size}.",
     ]
-    if any((spec := arm_spec(name)) is not None and spec.budget == COMPUTE_MATCHED for name in plan.models):
-        matched = next(name for name in plan.models if arm_spec(name) and arm_spec(name).budget == COMPUTE_MATCHED)
+    matched = next((name for name in plan.models if (spec := arm_spec(name)) and spec.budget == COMPUTE_MATCHED), None)
+    if matched is not None:
         lines.append(f"- Compute-matched Transformer: {plan.steps(matched):,} steps = {task.compute_matched_ratio:g} × "
                      f"T²MLR's {int(plan.tree['train']['max_steps']):,}. {task.compute_matched_basis}")
     lines.append("- Metrics: teacher-forced transduction, argmax at each position against the target there, scored "

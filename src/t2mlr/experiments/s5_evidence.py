@@ -53,12 +53,13 @@ import math
 import shutil
 import statistics
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from t2mlr.analysis.report import write_result
+from t2mlr.experiments import s5
 from t2mlr.experiments.s5 import FIGURE, RESULTS_JSON, RESULTS_MD, arm_spec, label_of, run_dir_name
 
 if TYPE_CHECKING:
@@ -143,55 +144,52 @@ def costs_file(out: Path, preset: str) -> Path:
     return out / COSTS_DIR / f"{preset}.json"
 
 
-def plan_study(design: str, seeds: Sequence[int], out: str | Path, overrides: Sequence[str] = ()) -> list[StudyRun]:
-    """Every (seed, variant) experiment of the study, planned (data written, arms built; `overrides`: dotted
-    config overrides for every variant, e.g. the tests' steps); every periodic checkpoint of the T²MLR arms is
-    kept, for the mid-training analyses."""
-    from t2mlr.experiments import s5
-    from t2mlr.training.config import load_sections
-
+def check_design(design: str, seeds: Sequence[int] | None = None) -> None:
+    """Refuse a preset the study has no design for, and no seed or a seed named twice."""
     if design not in DESIGNS:
         raise ValueError(f"the evidence study has no design for preset {design!r}; choose from {', '.join(DESIGNS)}")
-    if not seeds or len(set(seeds)) != len(seeds):
+    if seeds is not None and (not seeds or len(set(seeds)) != len(seeds)):
         raise ValueError(f"name at least one seed, each once; got {list(seeds)}")
-    out = Path(out)
-    runs = []
+
+
+def variant_configs(design: str, seeds: Sequence[int], overrides: Sequence[str]
+                    ) -> Iterator[tuple[int, Variant, dict[str, Any], s5.S5Task, tuple[str, ...]]]:
+    """Each (seed, variant) of the study with its trainer tree and task section (`overrides`: dotted config
+    overrides for every variant, e.g. the tests' steps), and its T²MLR arms, whose every periodic checkpoint is
+    kept for the mid-training analyses."""
+    from t2mlr.training.config import load_sections
+
+    check_design(design, seeds)
     for seed in seeds:
         for variant in DESIGNS[design]:
             tree, sections = load_sections(s5.config_name(variant.preset), [*overrides, f"train.seed={seed}"],
                                            {"task": s5.S5Task})
-            keep = tuple(arm for arm in variant.arms if is_t2mlr_arm(arm))
-            plan = s5.plan(variant.preset, sections["task"], tree, seed_dir(out, seed) / variant.preset, variant.arms,
-                           resume=True, keep_all_checkpoints=keep)
-            runs.append(StudyRun(seed, variant, plan))
-    return runs
+            yield seed, variant, tree, sections["task"], tuple(arm for arm in variant.arms if is_t2mlr_arm(arm))
+
+
+def study_arm(arm: Arm, seed: int, preset: str, name: str, where: Path) -> Arm:
+    """A run's arm as the study trains it: named `s<seed>/<preset>/<arm>`, in its seed's directory `where`."""
+    return replace(arm, name=f"s{seed}/{preset}/{name}", directory=str(where / arm.dir_name))
+
+
+def plan_study(design: str, seeds: Sequence[int], out: str | Path, overrides: Sequence[str] = ()) -> list[StudyRun]:
+    """Every (seed, variant) experiment of the study, planned (data written, arms built; see `variant_configs`)."""
+    return [StudyRun(seed, variant, s5.plan(variant.preset, task, tree, seed_dir(Path(out), seed) / variant.preset,
+                                            variant.arms, resume=True, keep_all_checkpoints=keep))
+            for seed, variant, tree, task, keep in variant_configs(design, seeds, overrides)]
 
 
 def dry_run_arms(design: str, seeds: Sequence[int], out: str | Path, overrides: Sequence[str] = ()
                  ) -> tuple[list[Arm], list[str]]:
-    """Every run of the study as `plan_study` builds it (named `s<seed>/<preset>/<arm>` as `ordered_arms` names
-    them), without writing anything (`--dry-run`)."""
-    from dataclasses import replace
-
-    from t2mlr.experiments import s5
-    from t2mlr.training.config import load_sections
-
-    if design not in DESIGNS:
-        raise ValueError(f"the evidence study has no design for preset {design!r}; choose from {', '.join(DESIGNS)}")
-    if not seeds or len(set(seeds)) != len(seeds):
-        raise ValueError(f"name at least one seed, each once; got {list(seeds)}")
+    """Every run of the study as `plan_study` builds it (named as `ordered_arms` names them), without writing
+    anything (`--dry-run`)."""
     arms, notes = [], ["the study also measures every arm's training and decoding cost and runs its analyses on the "
                        "CPU: not sized here"]
-    for seed in seeds:
-        for variant in DESIGNS[design]:
-            tree, sections = load_sections(s5.config_name(variant.preset), [*overrides, f"train.seed={seed}"],
-                                           {"task": s5.S5Task})
-            keep = tuple(arm for arm in variant.arms if is_t2mlr_arm(arm))
-            where = Path(f"seed_{seed}") / variant.preset
-            built, data_notes = s5.dry_run_arms(sections["task"], tree, Path(out) / where, variant.arms, keep)
-            arms += [replace(arm, name=f"s{seed}/{variant.preset}/{name}", directory=str(where / arm.dir_name))
-                     for name, arm in built.items()]
-            notes += [note for note in data_notes if note not in notes]
+    for seed, variant, tree, task, keep in variant_configs(design, seeds, overrides):
+        where = Path(f"seed_{seed}") / variant.preset
+        built, data_notes = s5.dry_run_arms(task, tree, Path(out) / where, variant.arms, keep)
+        arms += [study_arm(arm, seed, variant.preset, name, where) for name, arm in built.items()]
+        notes += [note for note in data_notes if note not in notes]
     return arms, notes
 
 
@@ -208,11 +206,8 @@ def _cost_ratio(costs: dict[str, Any] | None, name: str) -> float:
 
 
 def ordered_arms(runs: Sequence[StudyRun], costs: dict[str, dict[str, Any]]) -> list[Arm]:
-    """Every run's arm (named `s<seed>/<preset>/<arm>`, in its seed's directory), seed by seed (a seed's
-    results complete early), and within a seed the dearest first (measured step ratio × steps), so that two
-    workers finish a seed close together."""
-    from dataclasses import replace
-
+    """Every run's arm (`study_arm`), seed by seed (a seed's results complete early), and within a seed the
+    dearest first (measured step ratio × steps), so that two workers finish a seed close together."""
     arms = []
     for seed in dict.fromkeys(run.seed for run in runs):
         seed_arms = []
@@ -220,8 +215,7 @@ def ordered_arms(runs: Sequence[StudyRun], costs: dict[str, dict[str, Any]]) -> 
             where = run.plan.out.relative_to(run.plan.out.parent.parent)
             for name, arm in run.plan.arms.items():
                 cost = _cost_ratio(costs.get(run.variant.preset), name) * run.plan.steps(name)
-                seed_arms.append((cost, replace(arm, name=f"s{seed}/{run.plan.preset}/{name}",
-                                                directory=str(where / arm.dir_name))))
+                seed_arms.append((cost, study_arm(arm, seed, run.plan.preset, name, where)))
         arms.extend(arm for _, arm in sorted(seed_arms, key=lambda pair: -pair[0]))
     return arms
 
@@ -256,7 +250,6 @@ def run_study(design: str, seeds: Sequence[int], out: str | Path, report: str | 
     from what OUT holds (see `rewrite_report`)."""
     from tqdm.auto import tqdm
 
-    from t2mlr.experiments import s5
     from t2mlr.training.arms import resolve_workers, train_arms
 
     started = time.perf_counter()
@@ -284,8 +277,7 @@ def rewrite_report(design: str, seeds: Sequence[int], out: Path, report: Path) -
     """The report again from every seed's results, the analyses and the cost measurement under `out`, as they
     are: nothing under `out` is written, trained, evaluated or measured (e.g. after a change to the report
     itself). Refused when a seed's results or a cost measurement is missing."""
-    if design not in DESIGNS:
-        raise ValueError(f"the evidence study has no design for preset {design!r}; choose from {', '.join(DESIGNS)}")
+    check_design(design)
     needed = [seed_dir(out, seed) / variant.preset / RESULTS_JSON for seed in seeds for variant in DESIGNS[design]]
     needed += [costs_file(out, variant.preset) for variant in DESIGNS[design]]
     missing = [str(path) for path in needed if not path.is_file()]
@@ -311,6 +303,13 @@ EVAL_DEPTHS = (2, 4, 8, 16, 32)
 EVAL_PATHS: dict[str, dict[str, Any]] = {
     **{f"jacobi_{d}": {"recurrence": "jacobi", "d_forward": d, "d_backward": 1} for d in EVAL_DEPTHS},
     "off": {"recurrence": "off"},
+}
+# Per gradient-fidelity anchor: the figure's name, the anchor as its title names it, the README's heading and alt text
+FIDELITY_PANELS = {
+    "paper": ("gradient_fidelity", f"the ({PAPER_ANCHOR[0]}, {PAPER_ANCHOR[1]}) anchor",
+              "Anchor (32, 32), the paper's:", "cosine vs depth"),
+    "exact": ("gradient_fidelity_exact_anchor", "the exact (deeper than every row)",
+              "Anchor deeper than the longest row (the exact gradient), final checkpoints:", "cosine vs depth, exact anchor"),
 }
 FIDELITY_ROWS = 64  # one training batch of the cpu preset
 JACOBI_GAP_POINTS = 3.0  # issue #35: Jacobi (16, 4) within 3 points of exact training on the training lengths
@@ -445,6 +444,13 @@ METRICS = (  # summary key, per-N metric, range ("train" or "beyond")
 )
 
 
+def _new_row(preset: str, arm: str, model: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """An arm's summary row before its seeds: described by a seed's results, or only named (every seed failed)."""
+    described = ({key: model[key] for key in ("label", "train_path", "eval_path", "parameters", "steps")} if model
+                 else {"label": label_of(arm), "train_path": "", "eval_path": "", "parameters": None, "steps": None})
+    return {"preset": preset, "arm": arm, **described, "per_seed": {}, "failed_seeds": {}}
+
+
 def summary_rows(seed_results: Mapping[int, Mapping[str, Any]],
                  train_times: Mapping[int, Mapping[str, float]] | None = None) -> list[dict[str, Any]]:
     """One row per (preset, arm) over the seeds' results.json payloads (seed -> payload), in the order the arms
@@ -458,17 +464,12 @@ def summary_rows(seed_results: Mapping[int, Mapping[str, Any]],
         lo, hi = preset["train_n"]
         ranges = {"train": (lo, hi), "beyond": (hi + 1, preset["eval_n"][1])}
         for model in payload["models"]:
-            row = rows.setdefault((preset["name"], model["name"]), {
-                "preset": preset["name"], "arm": model["name"], "label": model["label"],
-                "train_path": model["train_path"], "eval_path": model["eval_path"], "parameters": model["parameters"],
-                "steps": model["steps"], "per_seed": {}, "failed_seeds": {}})
+            row = rows.setdefault((preset["name"], model["name"]), _new_row(preset["name"], model["name"], model))
             row["per_seed"][seed] = {key: _mean_over(model["per_n"], metric, *ranges[which])
                                      for key, metric, which in METRICS}
             row["per_seed"][seed]["train_seconds"] = train_times.get(seed, {}).get(model["name"], model["train_seconds"])
         for name, message in payload.get("failed", {}).items():
-            row = rows.setdefault((preset["name"], name), {
-                "preset": preset["name"], "arm": name, "label": label_of(name), "train_path": "", "eval_path": "",
-                "parameters": None, "steps": None, "per_seed": {}, "failed_seeds": {}})
+            row = rows.setdefault((preset["name"], name), _new_row(preset["name"], name))
             row["failed_seeds"][seed] = message
     for row in rows.values():
         for key, _, _ in METRICS:
@@ -721,12 +722,9 @@ def write_report(places: Sequence[RunPlace], out: Path, report: Path, costs: Map
     gates_figure = _gates_figure(places, report)
     finals, gate_table = _gate_lines(report)
     panels = _fidelity_panels(report)
-    if panels["paper"]:
-        figures["gradient_fidelity"] = plot_cosine_grid(panels["paper"], report / "gradient_fidelity.png",
-                                                        f"the ({PAPER_ANCHOR[0]}, {PAPER_ANCHOR[1]}) anchor")
-    if panels["exact"]:
-        figures["gradient_fidelity_exact_anchor"] = plot_cosine_grid(
-            panels["exact"], report / "gradient_fidelity_exact_anchor.png", "the exact (deeper than every row)")
+    for kind, (name, anchor, _, _) in FIDELITY_PANELS.items():
+        if panels[kind]:
+            figures[name] = plot_cosine_grid(panels[kind], report / f"{name}.png", anchor)
     depth_payload, depth_table = _depth_summary(report, results)
     if depth_payload:
         figures["em_by_path"] = plot_accuracy_by_depth(depth_payload["em_train_by_path"], report / "em_by_path.png",
@@ -784,13 +782,9 @@ def _readme(rows: Mapping[str, Sequence[Mapping[str, Any]]], seeds: Sequence[int
     if gates_figure is not None:
         lines += [f"![gates]({gates_figure.name})", ""]
     lines += ["## Gradient fidelity (mean cosine over seeds to the anchor's gradient, one training batch)", ""]
-    if panels["paper"]:
-        lines += ["Anchor (32, 32), the paper's:", "", *_fidelity_table(panels["paper"]), "",
-                  f"![cosine vs depth]({figures['gradient_fidelity'].name})", ""]
-    if panels["exact"]:
-        lines += ["Anchor deeper than the longest row (the exact gradient), final checkpoints:", "",
-                  *_fidelity_table(panels["exact"]), "",
-                  f"![cosine vs depth, exact anchor]({figures['gradient_fidelity_exact_anchor'].name})", ""]
+    for kind, (name, _, heading, alt) in FIDELITY_PANELS.items():
+        if panels[kind]:
+            lines += [heading, "", *_fidelity_table(panels[kind]), "", f"![{alt}]({figures[name].name})", ""]
     if depth_table:
         lines += [("## Evaluation path of the trained T²MLR models (EM on the training lengths, percent; mean over "
                   "seeds) and the cache's distance from its fixed point (largest over seeds)"), "",
