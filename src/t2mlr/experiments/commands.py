@@ -192,10 +192,8 @@ def _common(p: argparse.ArgumentParser, prefix: str, default: str, out: Path | N
     p.add_argument("overrides", nargs="*", default=[], metavar="key=value",
                    help="dotted overrides of the preset's config: trainer keys (optim.lr=1e-3, model.d_forward=8) or "
                         "the experiment's task section (task.train_size=100)")
-    if out is None:
-        p.add_argument("--out", type=Path, default=None, help="output directory (required unless --dry-run)")
-    else:
-        p.add_argument("--out", type=Path, default=out, help=f"output directory (default: {out})")
+    p.add_argument("--out", type=Path, default=out,
+                   help="output directory " + ("(required unless --dry-run)" if out is None else f"(default: {out})"))
     if resume:
         group = p.add_mutually_exclusive_group()
         group.add_argument("--resume", action="store_true",

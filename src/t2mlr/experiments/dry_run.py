@@ -149,10 +149,11 @@ def size_experiment(title: str, command: Sequence[str], arms: Sequence[Arm], dev
         raise SizingError("the experiment has no arms to size")
     sized = []
     for arm in arms:
+        run, not_sized = None, None
         try:
-            run, not_sized = size_run(arm.config, devices, gpu, mfu, config_name=f"OUT/{arm.dir_name}/config.yaml"), None
+            run = size_run(arm.config, devices, gpu, mfu, config_name=f"OUT/{arm.dir_name}/config.yaml")
         except UnsupportedModelError as err:
-            run, not_sized = None, str(err)
+            not_sized = str(err)
         except SizingError as err:
             raise SizingError(f"arm {arm.name}: {err}") from err
         sized.append(ArmSize(arm.name, arm.label, arm.dir_name, run, not_sized))

@@ -304,12 +304,13 @@ EVAL_PATHS: dict[str, dict[str, Any]] = {
     **{f"jacobi_{d}": {"recurrence": "jacobi", "d_forward": d, "d_backward": 1} for d in EVAL_DEPTHS},
     "off": {"recurrence": "off"},
 }
-# Per gradient-fidelity anchor: the figure's name, the anchor as its title names it, the README's heading and alt text
+# Per gradient-fidelity anchor: the figure's name, the anchor as its title names it, the README's heading, alt text
 FIDELITY_PANELS = {
     "paper": ("gradient_fidelity", f"the ({PAPER_ANCHOR[0]}, {PAPER_ANCHOR[1]}) anchor",
               "Anchor (32, 32), the paper's:", "cosine vs depth"),
     "exact": ("gradient_fidelity_exact_anchor", "the exact (deeper than every row)",
-              "Anchor deeper than the longest row (the exact gradient), final checkpoints:", "cosine vs depth, exact anchor"),
+              "Anchor deeper than the longest row (the exact gradient), final checkpoints:",
+              "cosine vs depth, exact anchor"),
 }
 FIDELITY_ROWS = 64  # one training batch of the cpu preset
 JACOBI_GAP_POINTS = 3.0  # issue #35: Jacobi (16, 4) within 3 points of exact training on the training lengths
@@ -318,10 +319,14 @@ JACOBI_GAP_POINTS = 3.0  # issue #35: Jacobi (16, 4) within 3 points of exact tr
 # ---------------------------------------------------------------------------------------------- analyses
 
 
-def _finished(run: StudyRun, arm: str) -> bool:
+def _finished_t2mlr_arms(run: StudyRun) -> Iterator[tuple[str, Path]]:
+    """Each T²MLR arm of the run that finished training, with its run directory."""
     from t2mlr.training.trainer import FINAL_DIR
 
-    return (run.plan.out / run_dir_name(arm) / FINAL_DIR / "config.json").is_file()
+    for arm in run.place.t2mlr_arms:
+        run_dir = run.plan.out / run_dir_name(arm)
+        if (run_dir / FINAL_DIR / "config.json").is_file():
+            yield arm, run_dir
 
 
 def mid_checkpoint(run_dir: Path, max_steps: int) -> Path | None:
@@ -362,17 +367,14 @@ def _gradient_fidelity(run: StudyRun, out: Path) -> None:
     from t2mlr.training.trainer import FINAL_DIR
 
     deepest = run.plan.task.max_length() + 1  # > every row: the Jacobi gradient is the exact one there
-    for arm in run.place.t2mlr_arms:
-        if not _finished(run, arm):
-            continue
-        run_dir = run.plan.out / run_dir_name(arm)
+    for arm, run_dir in _finished_t2mlr_arms(run):
         mid = mid_checkpoint(run_dir, run.plan.steps(arm))
         checkpoints = {"final": (run_dir / FINAL_DIR, [PAPER_ANCHOR, (deepest, deepest)])}
         if mid is not None:
             checkpoints = {"mid": (mid, [PAPER_ANCHOR]), **checkpoints}
         for when, (checkpoint, anchors) in checkpoints.items():
             for anchor in anchors:
-                target = _analysis_dir(out, run.seed) / "gradient_fidelity" / f"{run_dir_name(arm)}_{when}_{anchor[0]}"
+                target = _analysis_dir(out, run.seed) / "gradient_fidelity" / f"{run_dir.name}_{when}_{anchor[0]}"
                 if (target / "gradient_fidelity.json").is_file():
                     continue
                 tqdm.write(f"[s5-evidence] gradient fidelity: seed {run.seed}, {arm}, {when} ({checkpoint.name}), "
@@ -387,11 +389,9 @@ def _jacobi_depths(run: StudyRun, out: Path) -> None:
     from t2mlr.experiments.s5 import evaluate_by_n
     from t2mlr.training.trainer import FINAL_DIR
 
-    for arm in run.place.t2mlr_arms:
-        if not _finished(run, arm):
-            continue
-        final = run.plan.out / run_dir_name(arm) / FINAL_DIR
-        target = _analysis_dir(out, run.seed) / "jacobi_depths" / f"{run.plan.preset}_{run_dir_name(arm)}"
+    for arm, run_dir in _finished_t2mlr_arms(run):
+        final = run_dir / FINAL_DIR
+        target = _analysis_dir(out, run.seed) / "jacobi_depths" / f"{run.plan.preset}_{run_dir.name}"
         if not (target / "jacobi_depths.json").is_file():
             run_jacobi_depths(final, TRAINING_DATA, target, depths=EVAL_DEPTHS, rows=FIDELITY_ROWS, device="cpu")
         em_file = target / "s5_eval_by_path.json"
@@ -445,7 +445,7 @@ METRICS = (  # summary key, per-N metric, range ("train" or "beyond")
 
 
 def _new_row(preset: str, arm: str, model: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """An arm's summary row before its seeds: described by a seed's results, or only named (every seed failed)."""
+    """An arm's summary row before its seeds: described by a seed's results, or only named (its run failed)."""
     described = ({key: model[key] for key in ("label", "train_path", "eval_path", "parameters", "steps")} if model
                  else {"label": label_of(arm), "train_path": "", "eval_path": "", "parameters": None, "steps": None})
     return {"preset": preset, "arm": arm, **described, "per_seed": {}, "failed_seeds": {}}
