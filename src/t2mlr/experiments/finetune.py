@@ -302,9 +302,7 @@ def _check_before_training(arms: Sequence[Arm]) -> None:
     """Build every arm that starts from a checkpoint (loading its weights), so a bad one fails before training."""
     from t2mlr.training.model_factory import build_model
 
-    for arm in arms:
-        if arm.config.model.init_from is None:
-            continue
+    for arm in [arm for arm in arms if arm.config.model.init_from is not None]:
         try:
             build_model(arm.config.model)
         except (ValueError, FileNotFoundError, RuntimeError) as err:

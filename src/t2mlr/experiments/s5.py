@@ -438,9 +438,7 @@ def evaluate(plan: S5Plan, trained: Mapping[str, TrainedArm], env: DistEnv | Non
 
     results, device_name = [], "cpu"
     with fixed_threads(plan.task.torch_threads):
-        for name in plan.models:
-            if name not in trained:
-                continue
+        for name in [name for name in plan.models if name in trained]:
             model, device = load_trained(trained[name])
             device_name = str(device)
             started = time.perf_counter()

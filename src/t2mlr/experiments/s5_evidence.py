@@ -333,12 +333,9 @@ def mid_checkpoint(run_dir: Path, max_steps: int) -> Path | None:
     """The kept checkpoint at the largest step <= half the run's steps (None when there is none)."""
     from t2mlr.training.trainer import CHECKPOINT_DIR
 
-    steps = []
-    for path in (run_dir / CHECKPOINT_DIR).glob("step_*"):
-        step = int(path.name.split("_")[-1])
-        if 0 < step <= max_steps // 2:
-            steps.append((step, path))
-    return max(steps)[1] if steps else None
+    steps = [(int(path.name.split("_")[-1]), path) for path in (run_dir / CHECKPOINT_DIR).glob("step_*")]
+    first_half = [(step, path) for step, path in steps if 0 < step <= max_steps // 2]
+    return max(first_half)[1] if first_half else None
 
 
 def _analysis_dir(out: Path, seed: int) -> Path:
@@ -348,14 +345,11 @@ def _analysis_dir(out: Path, seed: int) -> Path:
 def _gates(runs: Sequence[StudyRun], out: Path, seed: int) -> None:
     from t2mlr.analysis.gates import run_gates
 
-    dirs, labels = [], []
-    for run in runs:
-        for arm in run.place.t2mlr_arms:
-            if (run.plan.out / run_dir_name(arm) / "metrics.jsonl").is_file():
-                dirs.append(run.plan.out / run_dir_name(arm))
-                labels.append(f"{run.plan.preset}: {label_of(arm)}")
-    if dirs:
-        run_gates(dirs, _analysis_dir(out, seed) / "gates", labels)
+    # run directory -> label, of every T²MLR run that has trained
+    labels = {run.plan.out / run_dir_name(arm): f"{run.plan.preset}: {label_of(arm)}" for run in runs
+              for arm in run.place.t2mlr_arms if (run.plan.out / run_dir_name(arm) / "metrics.jsonl").is_file()}
+    if labels:
+        run_gates(list(labels), _analysis_dir(out, seed) / "gates", list(labels.values()))
 
 
 def _gradient_fidelity(run: StudyRun, out: Path) -> None:
