@@ -131,9 +131,7 @@ def write_manifest(directory: Path) -> None:
     """Record size and SHA-256 of every file below `directory`; the manifest itself is written last."""
     files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST_FILE)
     entries = {p.relative_to(directory).as_posix(): {"size": p.stat().st_size, "sha256": sha256_of(p)} for p in files}
-    tmp = directory / f"{TMP_PREFIX}{MANIFEST_FILE}"
-    write_durable(tmp, lambda p: p.write_text(json.dumps({"format": 1, "files": entries}, indent=1)))
-    os.replace(tmp, directory / MANIFEST_FILE)
+    replace_text_atomic(directory / MANIFEST_FILE, json.dumps({"format": 1, "files": entries}, indent=1))
 
 
 def manifest_problems(directory: Path, checksums: bool = True) -> list[str]:

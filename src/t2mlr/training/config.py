@@ -352,29 +352,19 @@ def from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
 # What Hugging Face's TrainingArguments and similar configs call a key this schema names otherwise: a
 # user who writes `optim.learning_rate` is pointed to `lr` although the spellings are far apart.
 KEY_SYNONYMS: dict[str, tuple[str, ...]] = {
-    "learning_rate": ("lr",),
-    "max_lr": ("lr",),
-    "max_grad_norm": ("grad_clip",),
-    "clip_grad_norm": ("grad_clip",),
-    "adam_beta1": ("betas",),
-    "adam_beta2": ("betas",),
+    **dict.fromkeys(("learning_rate", "max_lr"), ("lr",)),
+    **dict.fromkeys(("max_grad_norm", "clip_grad_norm"), ("grad_clip",)),
+    **dict.fromkeys(("adam_beta1", "adam_beta2"), ("betas",)),
     "adam_epsilon": ("eps",),
-    "lr_scheduler_type": ("kind",),
-    "scheduler": ("kind",),
+    **dict.fromkeys(("lr_scheduler_type", "scheduler"), ("kind",)),
     "num_warmup_steps": ("warmup_steps",),
     "batch_size": ("global_batch_size", "micro_batch_size"),
-    "train_batch_size": ("global_batch_size",),
+    **dict.fromkeys(("train_batch_size", "gradient_accumulation_steps"), ("global_batch_size",)),
     "per_device_train_batch_size": ("micro_batch_size",),
-    "gradient_accumulation_steps": ("global_batch_size",),
-    "num_train_steps": ("max_steps",),
-    "steps": ("max_steps",),
-    "save_steps": ("every",),
-    "logging_steps": ("every",),
-    "eval_steps": ("every",),
+    **dict.fromkeys(("num_train_steps", "steps"), ("max_steps",)),
+    **dict.fromkeys(("save_steps", "logging_steps", "eval_steps"), ("every",)),
     "save_total_limit": ("keep_last",),
-    "max_seq_length": ("seq_len",),
-    "max_length": ("seq_len",),
-    "block_size": ("seq_len",),
+    **dict.fromkeys(("max_seq_length", "max_length", "block_size"), ("seq_len",)),
 }
 
 
@@ -445,6 +435,10 @@ def _coerce_union(value: Any, args: tuple[Any, ...], where: str) -> Any:
     raise ConfigError("; ".join(errors))
 
 
+# The number types a field may declare: what YAML may give for them (never a bool) and how the error names them.
+NUMBERS: dict[type, tuple[tuple[type, ...], str]] = {int: ((int, str), "an int"), float: ((int, float, str), "a number")}
+
+
 def _coerce_scalar(value: Any, tp: Any, where: str) -> Any:
     if tp is bool:
         if isinstance(value, bool):
@@ -452,20 +446,14 @@ def _coerce_scalar(value: Any, tp: Any, where: str) -> Any:
         if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
             return value.lower() in ("true", "yes", "1")
         raise ConfigError(f"{where}: expected a bool, got {value!r}")
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, (int, str)):
-            raise ConfigError(f"{where}: expected an int, got {value!r}")
+    if tp is int or tp is float:
+        accepted, expected = NUMBERS[tp]
+        if isinstance(value, bool) or not isinstance(value, accepted):
+            raise ConfigError(f"{where}: expected {expected}, got {value!r}")
         try:
-            return int(value)
+            return tp(value)
         except ValueError as err:
-            raise ConfigError(f"{where}: expected an int, got {value!r}") from err
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            raise ConfigError(f"{where}: expected a number, got {value!r}")
-        try:
-            return float(value)
-        except ValueError as err:
-            raise ConfigError(f"{where}: expected a number, got {value!r}") from err
+            raise ConfigError(f"{where}: expected {expected}, got {value!r}") from err
     if tp is str:
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
             raise ConfigError(f"{where}: expected a string, got {value!r}")

@@ -96,15 +96,12 @@ class PackedTokenDataset(Dataset):
     def __len__(self) -> int:
         return self.tokens.size // self.seq_len
 
-    def _starts(self, lo: int, hi: int) -> np.ndarray:
-        return self.doc_starts[lo:hi].copy()
-
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         if not 0 <= index < len(self):
             raise IndexError(index)
         lo, hi = index * self.seq_len, (index + 1) * self.seq_len
         ids = torch.from_numpy(np.asarray(self.tokens[lo:hi], dtype=np.int64))
-        starts = torch.from_numpy(self._starts(lo, hi))
+        starts = torch.from_numpy(self.doc_starts[lo:hi].copy())
         starts[0] = True
         positions = positions_within_documents(starts)
         labels = ids.clone()
@@ -115,22 +112,19 @@ class PackedTokenDataset(Dataset):
 def pack_documents(documents: Iterable[Sequence[int]], seq_len: int, source: str | None = None) -> PackedTokenDataset:
     """Concatenate token documents (empty ones skipped) into a `PackedTokenDataset`."""
     token_parts: list[np.ndarray] = []
-    start_parts: list[np.ndarray] = []
     for doc in documents:
         arr = np.asarray(doc, dtype=np.int64)
         if arr.ndim != 1:
             raise ValueError("each document must be a flat list of token ids")
-        if arr.size == 0:
-            continue
-        starts = np.zeros(arr.size, dtype=bool)
-        starts[0] = True
-        token_parts.append(arr)
-        start_parts.append(starts)
+        if arr.size:
+            token_parts.append(arr)
     if not token_parts:
         raise DataError("no non-empty documents to pack", source)
     tokens = np.concatenate(token_parts)
+    starts = np.zeros(tokens.size, dtype=bool)
+    starts[np.cumsum([0] + [part.size for part in token_parts[:-1]])] = True
     dtype = np.int32 if tokens.max() < 2**31 else np.int64
-    return PackedTokenDataset(tokens.astype(dtype), np.concatenate(start_parts), seq_len, source)
+    return PackedTokenDataset(tokens.astype(dtype), starts, seq_len, source)
 
 
 def read_jsonl_documents(
@@ -282,10 +276,6 @@ def _scan_token_array(tokens: np.ndarray, vocab_size: int, source: str | None, n
 
 
 # ---------------------------------------------------------------------------------------------
-# Synthetic data (smoke runs and tests: no files, learnable in a few dozen steps)
-
-
-# ---------------------------------------------------------------------------------------------
 # Building a dataset from config
 
 
@@ -389,21 +379,16 @@ class Collator:
 
     def __call__(self, items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         rows = [self._prepare(item) for item in items]
-        width = max(row["input_ids"].numel() for row in rows)
-        padded = any(row["input_ids"].numel() != width for row in rows)
-        keys = rows[0].keys()
+        lengths = [row["input_ids"].numel() for row in rows]
+        width = max(lengths)
         batch = {key: torch.stack([_pad(row[key], width, _pad_value(key, self.pad_token_id)) for row in rows])
-                 for key in keys}
+                 for key in rows[0]}
         if "position_ids" in batch:
-            for i, row in enumerate(rows):
-                n = row["input_ids"].numel()
+            for i, (row, n) in enumerate(zip(rows, lengths)):
                 tail = row["position_ids"][-1] + 1 if n else 0
                 batch["position_ids"][i, n:] = torch.arange(width - n) + tail
-        if padded:
-            mask = torch.zeros(len(rows), width, dtype=torch.long)
-            for i, row in enumerate(rows):
-                mask[i, : row["input_ids"].numel()] = 1
-            batch["attention_mask"] = mask
+        if min(lengths) != width:
+            batch["attention_mask"] = (torch.arange(width) < torch.tensor(lengths)[:, None]).long()
         return batch
 
     def widen(self, batch: dict[str, torch.Tensor], width: int) -> dict[str, torch.Tensor]:
@@ -559,8 +544,5 @@ def eval_batches(
     if n < 1:
         raise DataError(f"eval.data: the eval dataset has {len(dataset)} rows, fewer than one eval batch of "
                         f"{batch_size} (eval.batch_size)")
-    batches = []
-    for b in range(n):
-        lo = b * batch_size + rank * per_rank
-        batches.append(collator([dataset[i] for i in range(lo, lo + per_rank)]))
-    return batches
+    starts = (b * batch_size + rank * per_rank for b in range(n))
+    return [collator([dataset[i] for i in range(lo, lo + per_rank)]) for lo in starts]

@@ -93,8 +93,6 @@ def repeated_block_indices(model: nn.Module) -> set[int]:
     return set()
 
 
-
-
 def gate_values(model: nn.Module) -> dict[str, nn.Parameter]:
     """The fusion gates by short name (gamma_cur, gamma_rec); empty for a model without them."""
     if not is_t2mlr(model):

@@ -731,21 +731,20 @@ def _advice(cfg: TrainConfig, facts: ModelFacts, plan: Plan, kind: GpuKind) -> t
     """What would fit: more FSDP2 devices, or a smaller micro-batch; a SizingError when even the widest
     sharding the batch allows does not fit."""
     seq_len, checkpointing = cfg.data.seq_len, cfg.model.activation_checkpointing
+
+    def fits(candidate: Plan, checkpointed: bool = checkpointing) -> bool:
+        return estimate_memory(facts, candidate, seq_len, checkpointed).peak <= kind.usable_bytes
+
     counts = device_counts(cfg, plan.micro_batch)
     widest = max(counts)
-    for n in (n for n in counts if n > plan.devices):
-        if estimate_memory(facts, plan_for(cfg, n, "fsdp"), seq_len, checkpointing).peak <= kind.usable_bytes:
-            break
-    else:
-        n = None
+    n = next((n for n in counts if n > plan.devices and fits(plan_for(cfg, n, "fsdp"))), None)
     micro = next((m for m in range(plan.micro_batch - 1, 0, -1)
                   if plan.devices in device_counts(cfg, m)
-                  and estimate_memory(facts, replace(plan, micro_batch=m,
-                                                     accumulation=cfg.train.global_batch_size // (m * plan.devices)),
-                                      seq_len, checkpointing).peak <= kind.usable_bytes), None)
+                  and fits(replace(plan, micro_batch=m, accumulation=cfg.train.global_batch_size // (m * plan.devices)))),
+                 None)
     checkpointable = not checkpointing and facts.repeated_blocks and checkpointing_refusal(
         cfg.model.arch, cfg.model.settings) is None
-    rescued = checkpointable and estimate_memory(facts, plan, seq_len, True).peak <= kind.usable_bytes
+    rescued = checkpointable and fits(plan, True)
     if n is None and micro is None and not rescued:
         best = estimate_memory(facts, plan_for(cfg, widest, "fsdp"), seq_len, checkpointing)
         hint = "; model.activation_checkpointing=true may help" if checkpointable else ""

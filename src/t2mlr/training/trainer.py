@@ -170,12 +170,8 @@ class Trainer:
     def _autocast_context(self) -> Any:
         """bf16 autocast on CUDA when supported (precision=auto) or asked for; float32 otherwise."""
         precision, device = self.cfg.train.precision, self.env.device
-        if precision == "fp32":
-            self.precision = "fp32"
-        elif precision == "bf16" or (device.type == "cuda" and torch.cuda.is_bf16_supported()):
-            self.precision = "bf16"
-        else:
-            self.precision = "fp32"
+        auto_bf16 = precision == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported()
+        self.precision = "bf16" if precision == "bf16" or auto_bf16 else "fp32"
         if self.precision == "fp32":
             return contextlib.nullcontext
         return lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16)
