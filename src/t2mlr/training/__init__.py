@@ -20,22 +20,7 @@ _HOMES = {
     "NonFiniteLossError": "trainer", "Trainer": "trainer", "TrainResult": "trainer", "train": "trainer",
 }
 
-__all__ = [
-    "Collator",
-    "ConfigError",
-    "NonFiniteLossError",
-    "PackedTokenDataset",
-    "ResumableBatchSampler",
-    "SyntheticChainDataset",
-    "TrainConfig",
-    "TrainResult",
-    "Trainer",
-    "build_dataset",
-    "load_config",
-    "pack_documents",
-    "shift_aligned_labels",
-    "train",
-]
+__all__ = sorted(_HOMES)
 
 
 __getattr__ = lazy_names(__name__, _HOMES)

@@ -88,11 +88,6 @@ def step_dirname(step: int) -> str:
 # Durable file primitives
 
 
-def fsync_file(path: Path) -> None:
-    with open(path, "rb") as handle:
-        os.fsync(handle.fileno())
-
-
 def fsync_dir(path: Path) -> None:
     """Persist a directory's entries (renames, new files); a no-op where directories cannot be opened."""
     try:
@@ -108,7 +103,8 @@ def fsync_dir(path: Path) -> None:
 def write_durable(path: Path, writer: Callable[[Path], None]) -> None:
     """Run `writer(path)` and fsync the result."""
     writer(path)
-    fsync_file(path)
+    with open(path, "rb") as handle:
+        os.fsync(handle.fileno())
 
 
 def replace_text_atomic(path: Path, text: str) -> None:
@@ -168,11 +164,6 @@ def recorded_state(run_dir: str | Path) -> dict[str, Any]:
         except (OSError, ValueError):
             continue
     return {}
-
-
-def recorded_threads(run_dir: str | Path) -> int | None:
-    """The CPU thread count the newest checkpoint of a run recorded (None if unknown or unreadable)."""
-    return recorded_state(run_dir).get("torch_threads")
 
 
 def export_model_dir(checkpoint: Path, target: Path) -> Path:

@@ -145,12 +145,8 @@ def _taken_from_lists(namespace: argparse.Namespace) -> list[str]:
 
 def train_overrides(args: argparse.Namespace) -> list[str]:
     """CLI flags as config overrides (flags win over positional overrides)."""
-    overrides = list(args.overrides or [])
-    if args.max_steps is not None:
-        overrides.append(f"train.max_steps={args.max_steps}")
-    if args.parallel is not None:
-        overrides.append(f"train.parallel={args.parallel}")
-    return overrides
+    flags = (("train.max_steps", args.max_steps), ("train.parallel", args.parallel))
+    return list(args.overrides or []) + [f"{key}={value}" for key, value in flags if value is not None]
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -247,12 +243,12 @@ def run_dry_run(args: argparse.Namespace, cfg: Any) -> int:
 def choose_threads(requested: int | None, resumed_run: str | None) -> tuple[int, str]:
     """The CPU thread count and why: --threads, else the resumed run's recorded count, else the free cores
     (shared among the processes torchrun starts on this machine)."""
-    from t2mlr.training.checkpoint import recorded_threads
+    from t2mlr.training.checkpoint import recorded_state
     from t2mlr.utils import free_cores
 
     if requested is not None:
         return requested, "--threads"
-    recorded = recorded_threads(resumed_run) if resumed_run is not None else None
+    recorded = recorded_state(resumed_run).get("torch_threads") if resumed_run is not None else None
     if recorded is not None:
         return recorded, "the count the resumed run used"
     local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))

@@ -557,8 +557,6 @@ def load_sections(name_or_path: str | Path, overrides: Sequence[str], sections: 
     → `k`)."""
     tree = apply_overrides(load_yaml_tree(resolve_config_path(name_or_path)), list(overrides))
     built = {name: from_dict(cls, tree.pop(name, None) or {}, f"{name}.") for name, cls in sections.items()}
-    # keys and types (every value as its declared type, defaults filled in); the rules across fields once the
-    # experiment has filled in what it derives
     return to_plain(from_dict(TrainConfig, tree)), built
 
 

@@ -21,7 +21,7 @@ import datetime
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -204,19 +204,11 @@ def sync_replicated_grads(model: nn.Module, env: DistEnv) -> None:
         param.grad.copy_(value)
 
 
-def all_reduce_sum(values: torch.Tensor, env: DistEnv) -> torch.Tensor:
-    """Sum a tensor over ranks (a no-op in a single process)."""
+def all_reduce(values: torch.Tensor, env: DistEnv, op: Literal["sum", "max"] = "sum") -> torch.Tensor:
+    """The sum (or with op "max" the elementwise maximum) of a tensor over ranks; one process gets `values` back."""
     if env.distributed:
         values = values.clone()
-        dist.all_reduce(values, op=dist.ReduceOp.SUM)
-    return values
-
-
-def all_reduce_max(values: torch.Tensor, env: DistEnv) -> torch.Tensor:
-    """The elementwise maximum of a tensor over ranks (a no-op in a single process)."""
-    if env.distributed:
-        values = values.clone()
-        dist.all_reduce(values, op=dist.ReduceOp.MAX)
+        dist.all_reduce(values, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
     return values
 
 

@@ -37,9 +37,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
         steps, values = _series(records, split, key)
         if steps:
             ax_loss.plot(steps, values, label=label, marker="o" if split == "eval" else None, markersize=3)
-    ax_loss.set_xlabel("step")
-    ax_loss.set_ylabel("loss (nats/token)")
-    ax_loss.set_title(f"loss: {run_dir.name}")
+    ax_loss.set(xlabel="step", ylabel="loss (nats/token)", title=f"loss: {run_dir.name}")
     ax_loss.legend()
     drawn = False
     for key, label in (("gamma_cur", "γ_cur"), ("gamma_rec", "γ_rec")):
@@ -48,9 +46,8 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
             ax_gate.plot(steps, values, label=label)
             drawn = True
     ax_gate.axhline(0.0, color="grey", linewidth=0.5)
-    ax_gate.set_xlabel("step")
-    ax_gate.set_ylabel("gate value (Φ uses tanh γ)")
-    ax_gate.set_title("fusion gates" if drawn else "fusion gates (none: plain transformer)")
+    ax_gate.set(xlabel="step", ylabel="gate value (Φ uses tanh γ)",
+                title="fusion gates" if drawn else "fusion gates (none: plain transformer)")
     if drawn:
         ax_gate.legend()
     fig.tight_layout()

@@ -294,10 +294,6 @@ class Plan:
     packed: bool = True  # rows pack several documents (4D attention masks), as the pretraining data do
 
 
-def _compute_bytes(precision: str) -> int:
-    return BF16 if precision == "bf16" else FP32
-
-
 def layer_token_bytes(shape: DecoderShape, compute: int, qk_norm: bool) -> float:
     """Bytes one decoder layer saves per token, apart from keys, values and the mask (those depend on what a
     token attends to). fp32 weights keep the residual stream and the norms in float32."""
@@ -382,7 +378,7 @@ def estimate_activations(facts: ModelFacts, rows: int, length: int, precision: s
     if facts.attention != "sdpa":
         raise UnsupportedModelError(f"the memory model assumes PyTorch's fused attention (sdpa); this model uses "
                           f"{facts.attention!r}: set attn_implementation to sdpa or size it by measurement")
-    shape, compute, config = facts.shape, _compute_bytes(precision), facts.config
+    shape, compute, config = facts.shape, BF16 if precision == "bf16" else FP32, facts.config
     block_tokens = length * (config.period if isinstance(config, PauseConfig) else 1)
     layer = parallel_layer_bytes(shape, rows, block_tokens, compute, facts.qk_norm, packed)
     layer_input = rows * block_tokens * FP32 * shape.hidden  # what a checkpointed run keeps

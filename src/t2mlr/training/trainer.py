@@ -349,7 +349,7 @@ class Trainer:
         local_targets = [count_targets(b) for b in micro_batches]
         local_tokens = sum(int(b["attention_mask"].sum()) if "attention_mask" in b else b["input_ids"].numel()
                            for b in micro_batches)
-        totals = dist_utils.all_reduce_sum(torch.tensor([sum(local_targets), local_tokens], dtype=torch.float64), env)
+        totals = dist_utils.all_reduce(torch.tensor([sum(local_targets), local_tokens], dtype=torch.float64), env)
         global_targets, global_tokens = int(totals[0]), int(totals[1])
         if global_targets == 0:
             raise ValueError(f"step {self.step + 1}: the global batch has no scored tokens (all labels are -100)")
@@ -376,7 +376,7 @@ class Trainer:
                 scaled.backward()
             iterations.append(getattr(out, "jacobi_iterations", None))
         dist_utils.sync_replicated_grads(self.wrapped, env)
-        loss = float(dist_utils.all_reduce_sum(loss_sum, env)) / global_targets
+        loss = float(dist_utils.all_reduce(loss_sum, env)) / global_targets
         self._check_finite(loss, "loss")
         grad_norm = float(dist_utils.clip_grad_norm(self.params, self.cfg.optim.grad_clip, env))
         self._check_finite(grad_norm, "gradient norm")
@@ -391,7 +391,7 @@ class Trainer:
         """FSDP: each micro-batch padded to the widest of the ranks' at its micro-step (`Collator.widen`; the
         padding is masked, so the step's result is unchanged), so that every rank runs the same forward."""
         widths = torch.tensor([batch["input_ids"].shape[1] for batch in micro_batches], dtype=torch.long)
-        common = dist_utils.all_reduce_max(widths.to(self.env.device), self.env).tolist()
+        common = dist_utils.all_reduce(widths.to(self.env.device), self.env, "max").tolist()
         return [self.collator.widen(batch, width) for batch, width in zip(micro_batches, common)]
 
     def _model_inputs(self, batch: dict[str, torch.Tensor], overrides: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -441,7 +441,7 @@ class Trainer:
                     iterations.append(getattr(out, "jacobi_iterations", None))
         finally:
             self.wrapped.train()
-        totals = dist_utils.all_reduce_sum(
+        totals = dist_utils.all_reduce(
             torch.stack([loss_sum, torch.tensor(float(targets), dtype=torch.float64, device=device)]), self.env)
         eval_loss = float(totals[0] / totals[1]) if totals[1] > 0 else float("nan")
         return {
