@@ -436,7 +436,10 @@ def _coerce_union(value: Any, args: tuple[Any, ...], where: str) -> Any:
 
 
 # The number types a field may declare: what YAML may give for them (never a bool) and how the error names them.
-NUMBERS: dict[type, tuple[tuple[type, ...], str]] = {int: ((int, str), "an int"), float: ((int, float, str), "a number")}
+NUMBERS: dict[type, tuple[tuple[type, ...], str]] = {
+    int: ((int, str), "an int"),
+    float: ((int, float, str), "a number"),
+}
 
 
 def _coerce_scalar(value: Any, tp: Any, where: str) -> Any:

@@ -734,10 +734,9 @@ def _advice(cfg: TrainConfig, facts: ModelFacts, plan: Plan, kind: GpuKind) -> t
     counts = device_counts(cfg, plan.micro_batch)
     widest = max(counts)
     n = next((n for n in counts if n > plan.devices and fits(plan_for(cfg, n, "fsdp"))), None)
-    micro = next((m for m in range(plan.micro_batch - 1, 0, -1)
-                  if plan.devices in device_counts(cfg, m)
-                  and fits(replace(plan, micro_batch=m, accumulation=cfg.train.global_batch_size // (m * plan.devices)))),
-                 None)
+    micro = next((m for m in range(plan.micro_batch - 1, 0, -1) if plan.devices in device_counts(cfg, m)
+                  and fits(replace(plan, micro_batch=m,
+                                   accumulation=cfg.train.global_batch_size // (m * plan.devices)))), None)
     checkpointable = not checkpointing and facts.repeated_blocks and checkpointing_refusal(
         cfg.model.arch, cfg.model.settings) is None
     rescued = checkpointable and fits(plan, True)
