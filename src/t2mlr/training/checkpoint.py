@@ -266,41 +266,22 @@ def restore_rng(state: dict[str, Any]) -> None:
 # Full (unsharded) state dicts that work for plain, DDP and FSDP2 models alike
 
 
-def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Collective under FSDP/DDP: call on every rank; rank 0 receives the full CPU state."""
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_model_state_dict,
-    )
+def full_states(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The model's and the optimizer's full CPU state dicts. Collective under FSDP/DDP: call on every rank; rank 0
+    receives them."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-
-
-def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_optimizer_state_dict,
-    )
-
-    return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_model_state_dict(model, options=options), get_optimizer_state_dict(model, optimizer, options=options)
 
 
-def load_full_model_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        set_model_state_dict,
-    )
+def load_full_states(model: nn.Module, optimizer: torch.optim.Optimizer, weights: dict[str, torch.Tensor],
+                     optimizer_state: dict[str, Any]) -> None:
+    """Full state dicts into the model (strictly: every key) and the optimizer, whatever their wrapping."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
 
-    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=True))
-
-
-def load_full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        set_optimizer_state_dict,
-    )
-
-    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+    set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, strict=True))
+    set_optimizer_state_dict(model, optimizer, optimizer_state, options=StateDictOptions(full_state_dict=True))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -323,8 +304,7 @@ class CheckpointManager:
 
         `extra_files` maps file names to text; `write_extra(directory)` writes anything else (the
         tokenizer); both land in the manifest."""
-        model_state = full_model_state(model)
-        optim_state = full_optimizer_state(model, optimizer)
+        model_state, optim_state = full_states(model, optimizer)
         name = step_dirname(state.step)
         tmp = self.root / f"{TMP_PREFIX}{name}"
         if self.env.is_main:
@@ -464,8 +444,7 @@ class CheckpointManager:
         weights = _read(path / MODEL_FILE, load_weights)
         bundle = _read(path / OPTIM_FILE, lambda p: torch.load(p, map_location="cpu", weights_only=True))
         rng = _read(path / "rng" / f"rank_{self.env.rank:05d}.pt", lambda p: torch.load(p, weights_only=True))
-        load_full_model_state(model, weights)
-        load_full_optimizer_state(model, optimizer, with_current_names(bundle["optimizer"]))
+        load_full_states(model, optimizer, weights, with_current_names(bundle["optimizer"]))
         scheduler.load_state_dict(bundle["scheduler"])
         restore_rng(rng)
         return state
