@@ -84,11 +84,7 @@ def _guarded(run: Callable[[argparse.Namespace], dict[str, Any]]) -> Callable[[a
 
 
 def _gradient_fidelity(args: argparse.Namespace) -> dict[str, Any]:
-    from t2mlr.analysis.gradient_fidelity import (
-        parse_depth,
-        parse_depths,
-        run_gradient_fidelity,
-    )
+    from t2mlr.analysis.gradient_fidelity import parse_depth, parse_depths, run_gradient_fidelity
 
     return run_gradient_fidelity(
         args.checkpoint, args.data, args.out, depths=parse_depths(args.depths), anchor=parse_depth(args.anchor, "--anchor"),
@@ -181,8 +177,11 @@ def _training_options(parser: argparse.ArgumentParser) -> None:
     accept_trailing_overrides(parser)
 
 
-def _add(sub: Any, name: str) -> argparse.ArgumentParser:
-    return sub.add_parser(name, help=HELP[name], description=HELP[name])
+def _add(sub: Any, name: str, run: Callable[[argparse.Namespace], dict[str, Any]]) -> argparse.ArgumentParser:
+    """The subcommand `name`, running `run` with the documented exit codes."""
+    parser = sub.add_parser(name, help=HELP[name], description=HELP[name])
+    parser.set_defaults(func=_guarded(run))
+    return parser
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -193,7 +192,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="analysis", required=True, metavar="ANALYSIS")
 
-    grad = _add(sub, "gradient-fidelity")
+    grad = _add(sub, "gradient-fidelity", _gradient_fidelity)
     grad.add_argument("checkpoint", help="T²MLR model directory")
     _data_options(grad)
     grad.add_argument("--depths", default=DEFAULT_DEPTHS, help=f"D_FORWARD:D_BACKWARD,... (default {DEFAULT_DEPTHS})")
@@ -205,18 +204,16 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     grad.add_argument("--min-cosine", type=float, default=0.99,
                       help="name the cheapest setting whose cosine reaches this (default 0.99)")
     _common(grad)
-    grad.set_defaults(func=_guarded(_gradient_fidelity))
 
-    jve = _add(sub, "jacobi-vs-exact")
+    jve = _add(sub, "jacobi-vs-exact", _jacobi_vs_exact)
     _training_options(jve)
     jve.add_argument("--d-forward", type=int, default=16, help="Jacobi arm's d_forward (default 16)")
     jve.add_argument("--d-backward", type=int, default=4,
                      help="Jacobi arm's d_backward and the exact arm's bptt_window (default 4)")
     jve.add_argument("--eval-d-forward", type=int, default=None, help="Jacobi evaluation depth (default: --d-forward)")
     _common(jve)
-    jve.set_defaults(func=_guarded(_jacobi_vs_exact))
 
-    depths = _add(sub, "jacobi-depths")
+    depths = _add(sub, "jacobi-depths", _jacobi_depths)
     depths.add_argument("checkpoint", help="T²MLR model directory")
     _data_options(depths)
     depths.add_argument("--depths", default="2,4,8,16,32", help="Jacobi d_forward values (default 2,4,8,16,32)")
@@ -224,9 +221,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     depths.add_argument("--batch-size", type=int, default=64, help="rows per forward pass (default 64)")
     depths.add_argument("--seed", type=int, default=0, help="which rows are drawn (default 0)")
     _common(depths)
-    depths.set_defaults(func=_guarded(_jacobi_depths))
 
-    probes = _add(sub, "probes")
+    probes = _add(sub, "probes", _probes)
     probes.add_argument("checkpoint", help="model directory (T²MLR)")
     probes.add_argument("baseline", nargs="?", default=None, help="model directory of the baseline to compare with")
     _data_options(probes)
@@ -246,16 +242,14 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     probes.add_argument("--d-forward", type=int, default=None, help="Jacobi depth with --recurrence jacobi")
     probes.add_argument("--seed", type=int, default=0)
     _common(probes)
-    probes.set_defaults(func=_guarded(_probes))
 
-    gates = _add(sub, "gates")
+    gates = _add(sub, "gates", _gates)
     gates.add_argument("run_dirs", nargs="+", help="run directories holding metrics.jsonl")
     gates.add_argument("--labels", nargs="+", default=None, metavar="NAME",
                        help="one name per run, in order (default: their paths); a name may hold commas: 'T²MLR(2,3)'")
     _common(gates)
-    gates.set_defaults(func=_guarded(_gates))
 
-    place = _add(sub, "placement")
+    place = _add(sub, "placement", _placement)
     _training_options(place)
     place.add_argument("--starts", required=True,
                        help="l_start values (1-based), or early,middle,late with --width (e.g. 1,5,9,13,15)")
@@ -265,7 +259,6 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                        help="an already trained plain Transformer model directory to compare with (no baseline "
                             "training)")
     _common(place)
-    place.set_defaults(func=_guarded(_placement))
     return parser
 
 

@@ -17,10 +17,11 @@ import contextlib
 import math
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import yaml
 from torch import nn
@@ -42,8 +43,10 @@ __all__ = [
     "collate_rows",
     "data_config_for",
     "describe_model",
+    "draw_rows",
     "fixed_depth",
     "load_analysis_model",
+    "load_t2mlr_model",
     "model_batches",
     "model_inputs",
     "read_rows",
@@ -90,9 +93,17 @@ def describe_model(model: nn.Module, name: str | None = None) -> ModelInfo:
     else:
         layers = int(model.config.get_text_config().num_hidden_layers)
         info = ModelInfo("Transformer", False, layers, parameters, None)
-    if name:
-        info = ModelInfo(f"{info.label} [{name}]", info.recurrent, info.num_layers, info.parameters, info.placement)
-    return info
+    return replace(info, label=f"{info.label} [{name}]") if name else info
+
+
+def load_t2mlr_model(model_dir: Path, device: str, dtype: str, purpose: str) -> tuple[nn.Module, ModelInfo]:
+    """`load_analysis_model` and `describe_model` for analyses of the recurrence: a model without one is
+    refused, with `purpose` saying why it is needed."""
+    model = load_analysis_model(model_dir, device, dtype)
+    info = describe_model(model)
+    if not is_t2mlr(model):
+        raise ValueError(f"{model_dir} holds a {info.label} without recurrence: {purpose}")
+    return model, info
 
 
 @contextlib.contextmanager
@@ -114,23 +125,27 @@ def fixed_depth(model: nn.Module) -> Iterator[None]:
 # ---------------------------------------------------------------------------------------------- data
 
 
-def saved_seq_len(model_dir: str | Path) -> int | None:
-    """The training row length recorded in a trainer-written model directory (its config.yaml), if any."""
+def _saved_trainer_tree(model_dir: str | Path) -> dict[str, Any] | None:
+    """The trainer config saved in a model directory, as a plain tree; None when it holds none."""
     path = Path(model_dir) / TRAINER_CONFIG
     if not path.is_file():
         return None
-    tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    value = (tree.get("data") or {}).get("seq_len")
+    return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+
+
+def saved_seq_len(model_dir: str | Path) -> int | None:
+    """The training row length recorded in a trainer-written model directory (its config.yaml), if any."""
+    value = ((_saved_trainer_tree(model_dir) or {}).get("data") or {}).get("seq_len")
     return int(value) if value is not None else None
 
 
 def training_data_config(model_dir: str | Path) -> DataConfig:
     """The `data` section of the trainer config saved in a model directory (what the model trained on)."""
-    path = Path(model_dir) / TRAINER_CONFIG
-    if not path.is_file():
+    tree = _saved_trainer_tree(model_dir)
+    if tree is None:
         raise ValueError(f"--data {TRAINING_DATA}: {model_dir} holds no {TRAINER_CONFIG} (not written by the trainer), "
                          "so its training data are unknown; pass a data file")
-    return config_from_tree(yaml.safe_load(path.read_text(encoding="utf-8")) or {}).data
+    return config_from_tree(tree).data
 
 
 def data_config_for(data: str | Path, model_dir: str | Path, seq_len: int | None = None,
@@ -171,6 +186,14 @@ def read_rows(cfg: DataConfig, vocab_size: int, name: str = "--data") -> Any:
     return build_dataset(cfg, vocab_size=vocab_size, name=name)
 
 
+def draw_rows(available: int, count: int, seed: int, option: str, data: str | Path) -> list[int]:
+    """`count` distinct row indices drawn at random (by `seed`) from the `available` rows of `data`, in
+    increasing order; `option` names the command-line option that set `count`."""
+    if not 1 <= count <= available:
+        raise ValueError(f"{option} must lie in [1, {available}] (rows in {data}), got {count}")
+    return sorted(int(i) for i in np.random.default_rng(seed).choice(available, size=count, replace=False))
+
+
 def collate_rows(dataset: Any, indices: Sequence[int], pad_token_id: int = 0,
                  labels_aligned_to_inputs: bool = False) -> dict[str, torch.Tensor]:
     """One batch of the given rows, stacked by the trainer's collator (aligned labels shifted as in training)."""
@@ -189,10 +212,9 @@ def model_batches(dataset: Any, indices: Sequence[int], batch_size: int,
     if batch_size < 1:
         raise ValueError(f"batch size must be >= 1, got {batch_size}")
     indices = list(indices)
-    chunks = [indices[i : i + batch_size] for i in range(0, len(indices), batch_size)]
-    if cfg is None:
-        return [collate_rows(dataset, chunk) for chunk in chunks]
-    return [collate_for(dataset, cfg, chunk) for chunk in chunks]
+    pad, aligned = (0, False) if cfg is None else (cfg.pad_token_id, labels_aligned(dataset, cfg))
+    return [collate_rows(dataset, indices[i : i + batch_size], pad, aligned)
+            for i in range(0, len(indices), batch_size)]
 
 
 def model_inputs(model: nn.Module, batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
@@ -232,12 +254,9 @@ def validation_loss(model: nn.Module, batches: Sequence[dict[str, torch.Tensor]]
 
     with fixed_depth(model):
         losses = shard_and_gather(batches, batch_loss, env)
-    total, targets = 0.0, 0
-    for loss_sum, n in losses:
-        total += loss_sum
-        targets += n
+    targets = sum(n for _, n in losses)
     if targets == 0:
         raise ValueError("the evaluation batches hold no scored token")
-    loss = total / targets
+    loss = sum(loss_sum for loss_sum, _ in losses) / targets
     return {"loss": loss, "ppl": math.exp(loss) if loss < 50 else float("inf"), "tokens": targets,
             "seconds": time.perf_counter() - started}

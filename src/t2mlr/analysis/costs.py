@@ -118,12 +118,10 @@ def _greedy(model: torch.nn.Module, new_tokens: int) -> Callable[[int], object]:
 
 def _decoding_costs(trainers: dict[str, Trainer], labels: dict[str, str], reference: str, rounds: int, new_tokens: int
                     ) -> list[ArmCost]:
-    models = {}
-    for name, trainer in trainers.items():
-        model = trainer.model.eval()
+    models = {name: trainer.model.eval() for name, trainer in trainers.items()}
+    for model in models.values():
         if is_t2mlr(model):
             open_gates(model)
-        models[name] = model
     calls = {name: _greedy(model, new_tokens) for name, model in models.items()}
     for call in calls.values():
         call(0)  # untimed warm-up

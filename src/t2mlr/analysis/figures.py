@@ -38,7 +38,10 @@ __all__ = ["plot_accuracy_by_depth", "plot_accuracy_over_seeds", "plot_accuracy_
 DPI = 120
 
 
-def _save(fig: Any, path: str | Path) -> Path:
+def _save(fig: Any, path: str | Path, title: str = "") -> Path:
+    """Lay the figure out (under `title`, when given), write it to `path` as a PNG and free it."""
+    if title:
+        fig.suptitle(title)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
@@ -63,13 +66,10 @@ def plot_gradient_fidelity(rows: Sequence[Any], anchor: Any, path: str | Path, t
         ax.plot([anchor.d_forward], [getattr(anchor, key)], marker="*", markersize=12, color="black", linestyle="none",
                 label=f"anchor ({anchor.d_forward}, {anchor.d_backward})")
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("d_forward")
-        ax.set_ylabel(ylabel)
+        ax.set(xlabel="d_forward", ylabel=ylabel)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
-    if title:
-        fig.suptitle(title)
-    return _save(fig, path)
+    return _save(fig, path, title)
 
 
 def plot_jacobi_vs_exact(losses: Mapping[str, float], curves: Mapping[str, Sequence[tuple[int, float]]],
@@ -86,16 +86,13 @@ def plot_jacobi_vs_exact(losses: Mapping[str, float], curves: Mapping[str, Seque
     low, high = min(values), max(values)
     margin = max(high - low, 1e-3)
     bars.set_ylim(low - 2 * margin, high + margin)
-    bars.set_ylabel("validation loss (nats/token)")
-    bars.set_title("final validation loss")
+    bars.set(ylabel="validation loss (nats/token)", title="final validation loss")
     drawn_curves = 0
     for label, points in curves.items():
         if points:
             lines.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3, label=label)
             drawn_curves += 1
-    lines.set_xlabel("training step")
-    lines.set_ylabel("validation loss (the run's eval path)")
-    lines.set_title("during training")
+    lines.set(xlabel="training step", ylabel="validation loss (the run's eval path)", title="during training")
     lines.grid(alpha=0.3)
     if drawn_curves:
         lines.legend(fontsize=8)
@@ -117,13 +114,10 @@ def plot_jacobi_depths(rows: Sequence[Any], path: str | Path, title: str = "") -
         values = [getattr(r, key) for r in rows]
         ax.plot(depths, [max(v, 1e-12) for v in values] if scale == "log" else values, marker="o")
         ax.set_xscale("log", base=2)
-        ax.set_yscale(scale)
-        ax.set_xlabel("Jacobi d_forward")
+        ax.set(yscale=scale, xlabel="Jacobi d_forward")
         ax.set_ylabel(ylabel, fontsize=8)
         ax.grid(alpha=0.3)
-    if title:
-        fig.suptitle(title)
-    return _save(fig, path)
+    return _save(fig, path, title)
 
 
 def plot_probes(curves: Mapping[tuple[str, int], Mapping[int, float]], path: str | Path, num_layers: int,
@@ -144,9 +138,8 @@ def plot_probes(curves: Mapping[tuple[str, int], Mapping[int, float]], path: str
     probed = sorted({b for losses in curves.values() for b in losses})
     ax.set_xticks(probed, [f"{b}\nℓ−{num_layers + 1 - b}" for b in probed])
     ax.set_xlim(probed[0] - 0.6, probed[-1] + 0.6)
-    ax.set_xlabel("block (top) = layer counted back from the LM head (bottom; ℓ−1 after the final norm)")
-    ax.set_ylabel("held-out probe loss (nats/token)")
-    ax.set_title("future-token probes")
+    ax.set(xlabel="block (top) = layer counted back from the LM head (bottom; ℓ−1 after the final norm)",
+           ylabel="held-out probe loss (nats/token)", title="future-token probes")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, path)
@@ -170,8 +163,7 @@ def plot_gates(runs: Mapping[str, tuple[Sequence[int], Sequence[float], Sequence
         axes[1].set_title("γ_rec")
     for ax in axes:
         ax.axhline(0.0, color="grey", linewidth=0.6)
-        ax.set_xlabel("training step")
-        ax.set_ylabel("gate value (Φ uses tanh γ)")
+        ax.set(xlabel="training step", ylabel="gate value (Φ uses tanh γ)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     return _save(fig, path)
@@ -190,9 +182,8 @@ def plot_placement(rows: Sequence[Mapping[str, Any]], baseline_loss: float | Non
         ax.axhline(baseline_loss, color="black", linestyle="--", linewidth=1, label="Transformer (matched)")
     ax.set_xlim(0.5, num_layers + 0.5)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("l_start" + (f" (D = {width})" if width else " (l_end = L + 1 − l_start)"))
-    ax.set_ylabel("validation loss (nats/token)")
-    ax.set_title(f"recurrence placement, {num_layers} blocks")
+    ax.set(xlabel="l_start" + (f" (D = {width})" if width else " (l_end = L + 1 − l_start)"),
+           ylabel="validation loss (nats/token)", title=f"recurrence placement, {num_layers} blocks")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, path)
@@ -201,16 +192,17 @@ def plot_placement(rows: Sequence[Mapping[str, Any]], baseline_loss: float | Non
 Curve = Mapping[int, tuple[float, float]]  # N -> (exact match, token accuracy)
 
 
-def _panel(ax: plt.Axes, curves: Mapping[str, Curve], metric: int, ylabel: str, train_range: tuple[int, int]) -> None:
+ACCURACY_PANELS = ((0, "sequence exact match"), (1, "per-token accuracy"))  # (index of the metric, its label)
+
+
+def _accuracy_panel(ax: plt.Axes, ylabel: str, train_range: tuple[int, int], legend: bool) -> None:
+    """An accuracy-against-N panel: the training range shaded, its largest N dotted (both in the legend when
+    `legend`), integer ticks, y in [0, 1]."""
     lo, hi = train_range
-    ax.axvspan(lo - 0.5, hi + 0.5, color="0.92", zorder=0, label=f"training N {lo}–{hi}")
-    ax.axvline(hi + 0.5, color="0.25", linestyle=":", linewidth=1.5, label="max N seen in training")
-    for name, curve in curves.items():
-        ns = sorted(curve)
-        ax.plot(ns, [curve[n][metric] for n in ns], marker="o", markersize=3, linewidth=1.5, label=name)
+    ax.axvspan(lo - 0.5, hi + 0.5, color="0.92", zorder=0, label=f"training N {lo}–{hi}" if legend else None)
+    ax.axvline(hi + 0.5, color="0.25", linestyle=":", linewidth=1.5, label="max N seen in training" if legend else None)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_ylabel(ylabel)
-    ax.set_ylim(-0.03, 1.03)
+    ax.set(ylabel=ylabel, ylim=(-0.03, 1.03))
     ax.grid(alpha=0.3)
 
 
@@ -221,8 +213,11 @@ def plot_accuracy_vs_length(
     if not curves:
         raise ValueError("no model curves to plot")
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7.5, 6.5), sharex=True)
-    _panel(top, curves, 0, "sequence exact match", train_range)
-    _panel(bottom, curves, 1, "per-token accuracy", train_range)
+    for ax, (metric, ylabel) in zip((top, bottom), ACCURACY_PANELS):
+        _accuracy_panel(ax, ylabel, train_range, legend=True)
+        for name, curve in curves.items():
+            ns = sorted(curve)
+            ax.plot(ns, [curve[n][metric] for n in ns], marker="o", markersize=3, linewidth=1.5, label=name)
     bottom.set_xlabel("number of actions N")
     top.set_title(title)
     top.legend(loc="best", fontsize=8)
@@ -232,10 +227,20 @@ def plot_accuracy_vs_length(
 SeedCurves = Mapping[int, Mapping[int, float]]  # seed -> N -> value
 
 
+def _mean_min_max(values: Sequence[Sequence[float]]) -> tuple[list[float], list[float], list[float]]:
+    """Per group of values (e.g. one per seed): the mean, the least and the greatest."""
+    return [sum(v) / len(v) for v in values], [min(v) for v in values], [max(v) for v in values]
+
+
+def _mean_and_error_bars(values: Sequence[Sequence[float]]) -> tuple[list[float], list[list[float]]]:
+    """The means and matplotlib's `yerr` for min–max error bars around them."""
+    mean, low, high = _mean_min_max(values)
+    return mean, [[m - lo for m, lo in zip(mean, low)], [hi - m for m, hi in zip(mean, high)]]
+
+
 def _mean_band(curves: SeedCurves) -> tuple[list[int], list[float], list[float], list[float]]:
     ns = sorted({n for curve in curves.values() for n in curve})
-    values = [[curve[n] for curve in curves.values() if n in curve] for n in ns]
-    return ns, [sum(v) / len(v) for v in values], [min(v) for v in values], [max(v) for v in values]
+    return ns, *_mean_min_max([[curve[n] for curve in curves.values() if n in curve] for n in ns])
 
 
 def plot_accuracy_over_seeds(arms: Mapping[str, tuple[SeedCurves, SeedCurves]], train_range: tuple[int, int],
@@ -245,20 +250,15 @@ def plot_accuracy_over_seeds(arms: Mapping[str, tuple[SeedCurves, SeedCurves]], 
     if not arms:
         raise ValueError("no arm curves to plot")
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8.5, 7.5), sharex=True)
-    lo, hi = train_range
-    for ax, index, ylabel in ((top, 0, "sequence exact match"), (bottom, 1, "per-token accuracy")):
-        ax.axvspan(lo - 0.5, hi + 0.5, color="0.92", zorder=0)
-        ax.axvline(hi + 0.5, color="0.25", linestyle=":", linewidth=1.5)
+    for ax, (index, ylabel) in zip((top, bottom), ACCURACY_PANELS):
+        _accuracy_panel(ax, ylabel, train_range, legend=False)
         for colour, (label, curves) in enumerate(arms.items()):
             ns, mean, low, high = _mean_band(curves[index])
             seeds = len(curves[index])
             ax.plot(ns, mean, marker="o", markersize=3, linewidth=1.5, color=f"C{colour % 10}",
                     label=f"{label} ({seeds} seed{'s' if seeds != 1 else ''})")
             ax.fill_between(ns, low, high, color=f"C{colour % 10}", alpha=0.15, linewidth=0)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylabel(ylabel)
-        ax.set_ylim(-0.03, 1.03)
-        ax.grid(alpha=0.3)
+    lo, hi = train_range
     bottom.set_xlabel(f"number of actions N (shaded: training N {lo}–{hi}; lines: mean over seeds, bands: min–max)")
     top.set_title(title)
     top.legend(loc="best", fontsize=7)
@@ -277,9 +277,7 @@ def plot_cosine_grid(panels: Mapping[str, Mapping[tuple[int, int], list[float]]]
     for ax, (title, cells) in zip(axes.flat, panels.items()):
         for colour, backward in enumerate(sorted({b for _, b in cells})):
             forwards = sorted(f for f, b in cells if b == backward)
-            values = [cells[(f, backward)] for f in forwards]
-            mean = [sum(v) / len(v) for v in values]
-            errors = [[m - min(v) for m, v in zip(mean, values)], [max(v) - m for m, v in zip(mean, values)]]
+            mean, errors = _mean_and_error_bars([cells[(f, backward)] for f in forwards])
             ax.errorbar(forwards, mean, yerr=errors, marker="o", markersize=4, capsize=3, color=f"C{colour}",
                         label=f"d_backward = {backward}")
         ax.set_xscale("log", base=2)
@@ -301,14 +299,11 @@ def plot_accuracy_by_depth(arms: Mapping[str, Mapping[str, list[float]]], path: 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for colour, (label, by_path) in enumerate(arms.items()):
         names = list(by_path)
-        mean = [sum(v) / len(v) for v in by_path.values()]
-        errors = [[m - min(v) for m, v in zip(mean, by_path.values())],
-                  [max(v) - m for m, v in zip(mean, by_path.values())]]
+        mean, errors = _mean_and_error_bars(list(by_path.values()))
         ax.errorbar(range(len(names)), mean, yerr=errors, marker="o", capsize=3, color=f"C{colour % 10}", label=label)
         ax.set_xticks(range(len(names)), names)
-    ax.set_xlabel("evaluation path (J: Jacobi at d_forward; R off: the recurrence ablated)")
-    ax.set_ylabel(ylabel)
-    ax.set_ylim(-0.03, 1.03)
+    ax.set(xlabel="evaluation path (J: Jacobi at d_forward; R off: the recurrence ablated)", ylabel=ylabel,
+           ylim=(-0.03, 1.03))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     return _save(fig, path)
@@ -340,8 +335,7 @@ def plot_pass_at_1(bars: Bars, path: str | Path, title: str = "Reasoning finetun
                 ax.scatter([x] * len(seeds), [s[0] for s in seeds], color="black", s=8, zorder=3)
         ax.bar(xs, heights, width=width * 0.95, yerr=[lows, highs], capsize=3, label=arm, zorder=2)
     ax.set_xticks(range(len(tasks)), tasks)
-    ax.set_ylabel("pass@1")
-    ax.set_ylim(0, 1.05)
+    ax.set(ylabel="pass@1", ylim=(0, 1.05))
     ax.grid(axis="y", alpha=0.3, zorder=0)
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
@@ -381,12 +375,9 @@ def plot_retrofit(accuracy: Mapping[str, float], losses: Mapping[str, Sequence[f
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     left.bar([name.replace(" ", "\n", 1) for name in accuracy], list(accuracy.values()),
              color=["grey", "tab:blue", "tab:orange"][: len(accuracy)])
-    left.set_ylabel(ylabel)
-    left.set_title("held-out accuracy")
+    left.set(ylabel=ylabel, title="held-out accuracy")
     for (name, values), colour in zip(losses.items(), ("tab:blue", "tab:orange")):
         right.plot(range(1, len(values) + 1), values, label=name, color=colour)
-    right.set_xlabel("step")
-    right.set_ylabel("training loss (reply tokens)")
-    right.set_title("finetuning loss")
+    right.set(xlabel="step", ylabel="training loss (reply tokens)", title="finetuning loss")
     right.legend()
     return _save(fig, path)

@@ -23,7 +23,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 from tqdm.auto import tqdm
@@ -33,9 +32,9 @@ from t2mlr.analysis.common import (
     causal_lm_loss,
     collate_for,
     data_config_for,
-    describe_model,
+    draw_rows,
     fixed_depth,
-    load_analysis_model,
+    load_t2mlr_model,
     model_inputs,
     read_rows,
 )
@@ -143,8 +142,7 @@ def fidelity_rows(model: nn.Module, batch: dict[str, torch.Tensor], depths: Sequ
                          "Transformer or a baseline); pass a T²MLR model directory")
     if repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {repeats}")
-    bar = tqdm(total=len(depths) + 1, desc="gradients", unit="setting", dynamic_ncols=True)
-    try:
+    with tqdm(total=len(depths) + 1, desc="gradients", unit="setting", dynamic_ncols=True) as bar:
         bar.set_postfix(depth=f"{anchor[0]}:{anchor[1]} (anchor)")
         anchor_grad, anchor_loss, anchor_seconds = _timed_gradient(
             model, batch, repeats, recurrence="jacobi", d_forward=anchor[0], d_backward=anchor[1])
@@ -159,8 +157,6 @@ def fidelity_rows(model: nn.Module, batch: dict[str, torch.Tensor], depths: Sequ
             rows.append(FidelityRow(d_forward, d_backward, cosine, distance, loss, seconds))
             del grad
             bar.update(1)
-    finally:
-        bar.close()
     return anchor_row, rows
 
 
@@ -208,28 +204,22 @@ def run_gradient_fidelity(
 
     depths = list(depths if depths is not None else parse_depths(DEFAULT_DEPTHS))
     model_dir = Path(model_dir)
-    model = load_analysis_model(model_dir, device, dtype)
-    info = describe_model(model)
-    if not is_t2mlr(model):
-        raise ValueError(f"{model_dir} holds a {info.label} without recurrence: gradient fidelity compares Jacobi "
-                         "depths of a T²MLR model")
+    model, info = load_t2mlr_model(model_dir, device, dtype,
+                                   "gradient fidelity compares Jacobi depths of a T²MLR model")
     data_cfg = data_config_for(data, model_dir, seq_len, tokenizer, eos_token_id)
     rows_data = read_rows(data_cfg, model.config.vocab_size)
-    if batch_size < 1 or batch_size > len(rows_data):
-        raise ValueError(f"--batch-size must lie in [1, {len(rows_data)}] (rows in {data}), got {batch_size}")
-    picked = np.random.default_rng(seed).choice(len(rows_data), size=batch_size, replace=False)
-    batch = collate_for(rows_data, data_cfg, sorted(int(i) for i in picked))
+    picked = draw_rows(len(rows_data), batch_size, seed, "--batch-size", data)
+    batch = collate_for(rows_data, data_cfg, picked)
     anchor_row, rows = fidelity_rows(model, batch, depths, anchor, repeats)
     out = Path(out)
     figure = plot_gradient_fidelity(rows, anchor_row, out / FIGURE, title=f"{info.label}: gradient vs anchor "
                                     f"({anchor[0]}, {anchor[1]})")
+    best = cheapest_above(rows, min_cosine)
     payload = {
-        "model_dir": str(model_dir), "model": asdict(info), "data": str(data), "rows": [int(i) for i in sorted(picked)],
+        "model_dir": str(model_dir), "model": asdict(info), "data": str(data), "rows": picked,
         "batch_shape": list(batch["input_ids"].shape), "dtype": dtype, "device": str(next(model.parameters()).device),
         "repeats": repeats, "anchor": asdict(anchor_row), "settings": [asdict(r) for r in rows],
-        "min_cosine": min_cosine,
-        "cheapest_above_min_cosine": None if cheapest_above(rows, min_cosine) is None
-        else asdict(cheapest_above(rows, min_cosine)),
+        "min_cosine": min_cosine, "cheapest_above_min_cosine": None if best is None else asdict(best),
     }
     md, js = write_result(out, STEM, _markdown(model_dir, info, anchor_row, rows, tuple(batch["input_ids"].shape),
                                                min_cosine, figure.name), payload)

@@ -30,28 +30,28 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from tqdm.auto import tqdm
 
 from t2mlr.analysis.common import (
     causal_lm_loss,
+    data_config_for,
     describe_model,
+    draw_rows,
     fixed_depth,
     load_analysis_model,
+    load_t2mlr_model,
+    model_batches,
+    model_inputs,
+    read_rows,
     validation_loss,
 )
 from t2mlr.analysis.report import table, write_result
 from t2mlr.model import is_t2mlr
-from t2mlr.training.arms import (
-    TrainedArm,
-    arm_from_tree,
-    config_tree,
-    matched_arm,
-    train_arms,
-    validation_batches,
-)
+from t2mlr.training.arms import TrainedArm, arm_from_tree, config_tree, matched_arm, train_arms, validation_batches
+from t2mlr.training.data import count_targets
 from t2mlr.training.metrics import read_metrics
-from t2mlr.utils import resolve_device
-from t2mlr.utils import IGNORE_INDEX
+from t2mlr.utils import IGNORE_INDEX, resolve_device
 
 __all__ = ["PAPER_TOLERANCE", "DepthRow", "depth_rows", "run_jacobi_depths", "run_jacobi_vs_exact", "training_arms"]
 
@@ -116,12 +116,9 @@ def evaluate_arms(trained: Sequence[TrainedArm], depths: Depths, max_batches: in
 
 def _eval_curves(trained: Sequence[TrainedArm]) -> dict[str, list[tuple[int, float]]]:
     """Each arm's periodic validation loss from its metrics.jsonl (the trainer's eval path)."""
-    curves = {}
-    for arm in trained:
-        points = [(int(r["step"]), float(r["eval_loss"])) for r in read_metrics(arm.run_dir)
-                  if r.get("split") == "eval" and isinstance(r.get("eval_loss"), (int, float))]
-        curves[arm.arm.label] = points
-    return curves
+    return {arm.arm.label: [(int(r["step"]), float(r["eval_loss"])) for r in read_metrics(arm.run_dir)
+                            if r.get("split") == "eval" and isinstance(r.get("eval_loss"), (int, float))]
+            for arm in trained}
 
 
 def claims(cells: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -188,9 +185,7 @@ def run_jacobi_vs_exact(
                                   _eval_curves(trained), out / FIGURE)  # bars in the table's column order
     payload = {
         "config": str(config), "overrides": list(overrides),
-        "depths": {"d_forward": depths.d_forward, "d_backward": depths.d_backward,
-                   "eval_d_forward": depths.eval_d_forward},
-        "cells": cells, "claims": checks,
+        "depths": asdict(depths), "cells": cells, "claims": checks,
         "arms": [{"name": a.arm.name, "label": a.arm.label, "run_dir": str(a.run_dir), "steps": a.arm.config.train.max_steps,
                   "train_seconds": a.seconds} for a in trained],
     }
@@ -201,7 +196,6 @@ def run_jacobi_vs_exact(
 # ---------------------------------------------------------------------------------------------- depths of a trained model
 
 DEPTHS_STEM, DEPTHS_FIGURE = "jacobi_depths", "jacobi_depths.png"
-DEFAULT_EVAL_DEPTHS = "2,4,8,16,32"
 
 
 @dataclass
@@ -218,10 +212,6 @@ class DepthRow:
 
 def _path_outputs(model: Any, batches: Sequence[dict[str, Any]], **path: Any) -> list[tuple[Any, Any, Any, Any]]:
     """(logits, labels, real-position mask, last state) of every batch on one path, early stop off."""
-    import torch
-
-    from t2mlr.analysis.common import model_inputs
-
     device = next(model.parameters()).device
     outputs = []
     with torch.no_grad(), fixed_depth(model):
@@ -257,10 +247,10 @@ def depth_rows(model: Any, batches: Sequence[dict[str, Any]], depths: Sequence[i
     if not depths or any(d < 1 for d in depths):
         raise ValueError(f"depths must be integers >= 1, got {list(depths)}")
     exact = _path_outputs(model, batches, recurrence="exact")
-    n_targets = sum(int((labels[:, 1:] != IGNORE_INDEX).sum()) for _, labels, _, _ in exact)
+    n_targets = sum(count_targets({"labels": labels}) for _, labels, _, _ in exact)
     if n_targets == 0:
         raise ValueError("the rows hold no scored token")
-    exact_loss = sum(float(causal_lm_loss(logits, labels)) * int((labels[:, 1:] != IGNORE_INDEX).sum())
+    exact_loss = sum(float(causal_lm_loss(logits, labels)) * count_targets({"labels": labels})
                      for logits, labels, _, _ in exact) / n_targets
     rows = []
     for d in tqdm(depths, desc="Jacobi depths", unit="depth", dynamic_ncols=True):
@@ -296,26 +286,13 @@ def run_jacobi_depths(
 ) -> dict[str, Any]:
     """Evaluate a trained T²MLR model on `rows` rows drawn at random (by `seed`) from `data` on the exact path
     and on the Jacobi path at each depth; write jacobi_depths.md/.json/.png to `out`."""
-    import numpy as np
-
-    from t2mlr.analysis.common import (
-        data_config_for,
-        load_analysis_model,
-        model_batches,
-        read_rows,
-    )
     from t2mlr.analysis.figures import plot_jacobi_depths
 
     model_dir = Path(model_dir)
-    model = load_analysis_model(model_dir, device)
-    info = describe_model(model)
-    if not is_t2mlr(model):
-        raise ValueError(f"{model_dir} holds a {info.label} without recurrence: Jacobi depths need a T²MLR model")
+    model, info = load_t2mlr_model(model_dir, device, "float32", "Jacobi depths need a T²MLR model")
     cfg = data_config_for(data, model_dir, seq_len, tokenizer, eos_token_id)
     dataset = read_rows(cfg, model.config.vocab_size)
-    if not 1 <= rows <= len(dataset):
-        raise ValueError(f"--rows must lie in [1, {len(dataset)}] (rows in {data}), got {rows}")
-    picked = sorted(int(i) for i in np.random.default_rng(seed).choice(len(dataset), size=rows, replace=False))
+    picked = draw_rows(len(dataset), rows, seed, "--rows", data)
     batches = model_batches(dataset, picked, batch_size, cfg)
     exact_loss, depth_table = depth_rows(model, batches, list(depths))
     out = Path(out)

@@ -53,7 +53,6 @@ from t2mlr.analysis.common import (
     read_rows,
 )
 from t2mlr.analysis.report import table, write_result
-from t2mlr.model import is_t2mlr
 
 __all__ = [
     "ProbeResult",
@@ -222,11 +221,10 @@ def probe_model(model: nn.Module, info: ModelInfo, train_batches: Sequence[dict[
     call = path if info.recurrent else {}
     train = collect_features(model, train_batches, offsets, f"{info.label}: hidden states (train)", **call)
     held = collect_features(model, eval_batches, offsets, f"{info.label}: hidden states (held-out)", **call)
-    vocab = int(model.config.get_text_config().vocab_size) if not is_t2mlr(model) else model.config.vocab_size
+    vocab = int(model.config.get_text_config().vocab_size)
     blocks = probed_blocks(info.num_layers, layers)
     results: dict[int, dict[int, ProbeResult]] = {}
-    bar = tqdm(total=len(offsets) * len(blocks), desc=f"{info.label}: probes", unit="probe", dynamic_ncols=True)
-    try:
+    with tqdm(total=len(offsets) * len(blocks), desc=f"{info.label}: probes", unit="probe", dynamic_ncols=True) as bar:
         for offset in offsets:
             (train_x, train_y), (eval_x, eval_y) = train[offset], held[offset]
             results[offset] = {}
@@ -235,8 +233,6 @@ def probe_model(model: nn.Module, info: ModelInfo, train_batches: Sequence[dict[
                 results[offset][block] = train_probe(train_x[block - 1], train_y, eval_x[block - 1], eval_y, vocab,
                                                       settings)
                 bar.update(1)
-    finally:
-        bar.close()
     return results
 
 
@@ -268,7 +264,7 @@ def _markdown(models: Sequence[tuple[str, ModelInfo]], results: Sequence[dict[in
     recurrent = [info for _, info in models if info.placement is not None]
     marks = "; ".join(f"{info.label} recurs over blocks {info.placement[0]}–{info.placement[1]}" for info in recurrent)
     tokens = {offset: next(iter(results[0][offset].values())).eval_tokens for offset in offsets}
-    lines = [
+    return [
         "# Future-token probes",
         "",
         f"{PROBE_NAMES[settings.kind]} probes on frozen hidden states (standardised), one per block, model and offset; "
@@ -285,7 +281,6 @@ def _markdown(models: Sequence[tuple[str, ModelInfo]], results: Sequence[dict[in
         "",
         f"![probe loss per block]({figure})",
     ]
-    return lines
 
 
 def run_probes(

@@ -41,7 +41,6 @@ CHECKPOINT_DIR = "checkpoints"
 FINAL_DIR = "final"
 INITIAL_DIR = "initial_policy"  # a fresh policy saved before training, where TRL loads the frozen reference from
 CURVE_FILE = "reward.png"
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 
 
 # ------------------------------------------------------------------------------------------- config
@@ -240,9 +239,7 @@ def plot_grpo_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     ax.plot(steps, smooth, color="C0", lw=1.6, label=f"running mean ({window} steps)")
     if evals:
         ax.plot([r["step"] for r in evals], [r["eval_accuracy"] for r in evals], "o-", color="C3", label="greedy eval accuracy")
-    ax.set_xlabel("GRPO step")
-    ax.set_ylabel("reward / accuracy")
-    ax.set_ylim(-0.02, 1.02)
+    ax.set(xlabel="GRPO step", ylabel="reward / accuracy", ylim=(-0.02, 1.02))
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()

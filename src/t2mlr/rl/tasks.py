@@ -86,11 +86,6 @@ class VariableAssignmentTask:
         return float(variable_assignment_exact_match(completion, sample["answer"]))
 
 
-def _check_range(start: int, count: int) -> None:
-    if start < 0 or count < 0:
-        raise ValueError(f"start and count must be >= 0, got {start}, {count}")
-
-
 class StreamWindows:
     """Samples start .. start + count - 1 of deterministic sample streams, read forward.
 
@@ -104,7 +99,8 @@ class StreamWindows:
         self._cursors: dict[str, tuple[Iterator[dict[str, Any]], int]] = {}
 
     def window(self, stream: str, start: int, count: int) -> list[dict[str, Any]]:
-        _check_range(start, count)
+        if start < 0 or count < 0:
+            raise ValueError(f"start and count must be >= 0, got {start}, {count}")
         samples, position = self._cursors.get(stream, (None, 0))
         if samples is None or start < position:
             samples, position = self._open_stream(stream), 0
@@ -275,7 +271,5 @@ class VariableAssignmentSFT(SFTDataset):
         super().__init__(records, self.task.tokenizer, bos=False, max_length=seq_len)
 
 
-def variable_assignment_sft(num_samples: int, depth: int = 5, num_constants: int = 3, num_distractors: int = 2,
-                            seed: int = 0, seq_len: int = 2048, stream: str = "train") -> VariableAssignmentSFT:
-    """The `data.factory` entry point (`t2mlr.rl.tasks:variable_assignment_sft`)."""
-    return VariableAssignmentSFT(num_samples, depth, num_constants, num_distractors, seed, seq_len, stream)
+# The `data.factory` entry point (`t2mlr.rl.tasks:variable_assignment_sft`, configs/grpo_va_sft_cpu.yaml).
+variable_assignment_sft = VariableAssignmentSFT
