@@ -17,7 +17,7 @@ import contextlib
 import math
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,6 @@ __all__ = [
     "ModelInfo",
     "causal_lm_loss",
     "collate_for",
-    "collate_rows",
     "data_config_for",
     "describe_model",
     "draw_rows",
@@ -83,17 +82,14 @@ def load_analysis_model(model_dir: str | Path, device: str = "auto", dtype: str 
     return model.eval()
 
 
-def describe_model(model: nn.Module, name: str | None = None) -> ModelInfo:
-    """Label and shape of a loaded model; `name` (e.g. a directory) is added to the label when given."""
+def describe_model(model: nn.Module) -> ModelInfo:
+    """Label and shape of a loaded model."""
     parameters = sum(p.numel() for p in model.parameters())
     if is_t2mlr(model):
         cfg = model.config
-        label = f"T²MLR({cfg.l_start},{cfg.l_end})"
-        info = ModelInfo(label, True, cfg.num_layers, parameters, (cfg.l_start, cfg.l_end))
-    else:
-        layers = int(model.config.get_text_config().num_hidden_layers)
-        info = ModelInfo("Transformer", False, layers, parameters, None)
-    return replace(info, label=f"{info.label} [{name}]") if name else info
+        return ModelInfo(f"T²MLR({cfg.l_start},{cfg.l_end})", True, cfg.num_layers, parameters, (cfg.l_start, cfg.l_end))
+    layers = int(model.config.get_text_config().num_hidden_layers)
+    return ModelInfo("Transformer", False, layers, parameters, None)
 
 
 def load_t2mlr_model(model_dir: Path, device: str, dtype: str, purpose: str) -> tuple[nn.Module, ModelInfo]:
@@ -194,15 +190,11 @@ def draw_rows(available: int, count: int, seed: int, option: str, data: str | Pa
     return sorted(int(i) for i in np.random.default_rng(seed).choice(available, size=count, replace=False))
 
 
-def collate_rows(dataset: Any, indices: Sequence[int], pad_token_id: int = 0,
-                 labels_aligned_to_inputs: bool = False) -> dict[str, torch.Tensor]:
-    """One batch of the given rows, stacked by the trainer's collator (aligned labels shifted as in training)."""
-    return Collator(pad_token_id, labels_aligned_to_inputs)([dataset[int(i)] for i in indices])
-
-
-def collate_for(dataset: Any, cfg: DataConfig, indices: Sequence[int]) -> dict[str, torch.Tensor]:
-    """`collate_rows` with the data config's padding id and label alignment (what the trainer's batches get)."""
-    return collate_rows(dataset, indices, cfg.pad_token_id, labels_aligned(dataset, cfg))
+def collate_for(dataset: Any, cfg: DataConfig | None, indices: Sequence[int]) -> dict[str, torch.Tensor]:
+    """One batch of the given rows, stacked by the trainer's collator; with the data config, with its padding
+    id and label alignment (aligned labels shifted as in training), else padded with 0 and not aligned."""
+    pad, aligned = (0, False) if cfg is None else (cfg.pad_token_id, labels_aligned(dataset, cfg))
+    return Collator(pad, aligned)([dataset[int(i)] for i in indices])
 
 
 def model_batches(dataset: Any, indices: Sequence[int], batch_size: int,
@@ -212,9 +204,7 @@ def model_batches(dataset: Any, indices: Sequence[int], batch_size: int,
     if batch_size < 1:
         raise ValueError(f"batch size must be >= 1, got {batch_size}")
     indices = list(indices)
-    pad, aligned = (0, False) if cfg is None else (cfg.pad_token_id, labels_aligned(dataset, cfg))
-    return [collate_rows(dataset, indices[i : i + batch_size], pad, aligned)
-            for i in range(0, len(indices), batch_size)]
+    return [collate_for(dataset, cfg, indices[i : i + batch_size]) for i in range(0, len(indices), batch_size)]
 
 
 def model_inputs(model: nn.Module, batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
