@@ -207,8 +207,9 @@ def model_batches(dataset: Any, indices: Sequence[int], batch_size: int,
     return [collate_for(dataset, cfg, indices[i : i + batch_size]) for i in range(0, len(indices), batch_size)]
 
 
-def model_inputs(model: nn.Module, batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
-    """Batch tensors on the device; plain models do not get the recurrence-only keys (as in training)."""
+def model_inputs(model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Batch tensors on the model's device; plain models do not get the recurrence-only keys (as in training)."""
+    device = next(model.parameters()).device
     keep = batch if is_t2mlr(model) else {k: v for k, v in batch.items() if k not in RECURRENCE_ONLY_INPUTS}
     return {k: v.to(device) for k, v in keep.items()}
 
@@ -232,11 +233,10 @@ def validation_loss(model: nn.Module, batches: Sequence[dict[str, torch.Tensor]]
     batches are shared out over the ranks; the sum runs in the batches' order, so the result is one process's."""
     if path and not is_t2mlr(model):
         raise ValueError(f"forward-path arguments {sorted(path)} apply to T²MLR models only")
-    device = next(model.parameters()).device
     started = time.perf_counter()
 
     def batch_loss(batch: dict[str, torch.Tensor]) -> tuple[float, int]:
-        inputs = model_inputs(model, batch, device)
+        inputs = model_inputs(model, batch)
         labels = inputs.pop("labels")
         logits = model(**inputs, **path).logits
         n = count_targets({"labels": labels})

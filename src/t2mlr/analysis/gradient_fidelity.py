@@ -94,8 +94,7 @@ def gradient_of(model: nn.Module, batch: dict[str, torch.Tensor], **path: Any) -
     """The loss gradient of every trainable parameter (in `named_parameters` order; zeros where a
     parameter gets none) on one batch, and the loss. `path`: the forward-path arguments."""
     params = [p for p in model.parameters() if p.requires_grad]
-    device = params[0].device
-    inputs = model_inputs(model, batch, device)
+    inputs = model_inputs(model, batch)
     labels = inputs.pop("labels")
     with torch.enable_grad(), fixed_depth(model):
         loss = causal_lm_loss(model(**inputs, **path).logits, labels)

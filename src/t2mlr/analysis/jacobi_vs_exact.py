@@ -212,11 +212,10 @@ class DepthRow:
 
 def _path_outputs(model: Any, batches: Sequence[dict[str, Any]], **path: Any) -> list[tuple[Any, Any, Any, Any]]:
     """(logits, labels, real-position mask, last state) of every batch on one path, early stop off."""
-    device = next(model.parameters()).device
     outputs = []
     with torch.no_grad(), fixed_depth(model):
         for batch in batches:
-            inputs = model_inputs(model, batch, device)
+            inputs = model_inputs(model, batch)
             labels = inputs.pop("labels")
             out = model(**inputs, **path)
             real = inputs.get("attention_mask", torch.ones_like(inputs["input_ids"])).bool()

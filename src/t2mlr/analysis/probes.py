@@ -133,8 +133,7 @@ def probe_targets(input_ids: torch.Tensor, position_ids: torch.Tensor | None, of
 def block_hidden_states(model: nn.Module, batch: dict[str, torch.Tensor], **path: Any) -> torch.Tensor:
     """Every block's output for one batch, (blocks, batch, seq, hidden) in float32 on the CPU (the last
     block's after the final norm, as transformers returns it)."""
-    device = next(model.parameters()).device
-    inputs = model_inputs(model, batch, device)
+    inputs = model_inputs(model, batch)
     inputs.pop("labels", None)
     with fixed_depth(model):
         out = model(**inputs, output_hidden_states=True, **path)
