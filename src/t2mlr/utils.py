@@ -10,6 +10,8 @@
 * `load_tokenizer`: a Hugging Face tokenizer from a directory, a bare tokenizer.json or a hub id, with
   errors that say what is missing; `prompt_ids`: a prompt's token ids as training and generation read it.
 * `launched_by_torchrun`: read from the environment, so a command refuses a launch before torch loads.
+* `fsync_directory`, `write_text_atomic`, `sha256_of_file`: the durable writes and checksums that checkpoints
+  and tokenized corpora share.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import ast
 import difflib
+import hashlib
 import importlib
 import inspect
 import os
@@ -127,6 +130,39 @@ def free_cores() -> int:
     if not hasattr(os, "getloadavg"):
         return cores
     return max(1, min(cores, round(cores - os.getloadavg()[0])))
+
+
+def fsync_directory(directory: Path) -> None:
+    """Make renames and new files inside `directory` durable (POSIX: the directory entry itself must be synced);
+    a no-op where directories cannot be opened."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except (IsADirectoryError, PermissionError):
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_text_atomic(path: Path, text: str, temp: Path) -> None:
+    """Replace a text file through `temp`: readers see the old or the new content, never a mix, and the new
+    content survives a crash once this returns."""
+    with open(temp, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temp, path)
+    fsync_directory(path.parent)
+
+
+def sha256_of_file(path: Path, chunk: int = 1 << 22) -> str:
+    """The SHA-256 hex digest of a file, read `chunk` bytes at a time (shards and weights are large)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def launched_by_torchrun() -> bool:

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from t2mlr.corpus.errors import CorpusError
+from t2mlr.utils import fsync_directory, sha256_of_file, write_text_atomic
 
 MANIFEST = "manifest.json"
 FORMAT_NAME = "t2mlr-token-shards"
@@ -50,15 +51,6 @@ def token_dtype(vocab_size: int) -> np.dtype:
     raise CorpusError(f"vocabulary of {vocab_size} tokens does not fit in uint32")
 
 
-def fsync_directory(directory: Path) -> None:
-    """Make renames inside `directory` durable (POSIX: the directory entry itself must be synced)."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def manifest_text(data: dict[str, Any]) -> str:
     """JSON with one line per top-level key and per shard/input record: readable, and written by the C
     encoder (an indented `json.dump` of thousands of shard records takes seconds, once per shard)."""
@@ -73,13 +65,7 @@ def manifest_text(data: dict[str, Any]) -> str:
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    temp = path.with_name(path.name + TEMP_SUFFIX)
-    with open(temp, "w", encoding="utf-8") as handle:
-        handle.write(manifest_text(data))
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temp, path)
-    fsync_directory(path.parent)
+    write_text_atomic(path, manifest_text(data), path.with_name(path.name + TEMP_SUFFIX))
 
 
 def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
@@ -101,14 +87,6 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
 def own_files(directory: Path) -> list[Path]:
     """Files in `directory` that this module writes (shards, offsets, manifest, their temp names)."""
     return sorted(p for p in directory.iterdir() if _OUR_FILE.fullmatch(p.name))
-
-
-def sha256_of_file(path: Path, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 class ShardWriter:

@@ -25,7 +25,6 @@ step moves it aside as `corrupt-step_…` instead of removing it.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -45,6 +44,7 @@ from torch import nn
 
 from t2mlr.model.checkpoint_keys import current_key
 from t2mlr.training.distributed import DistEnv, barrier, broadcast_object
+from t2mlr.utils import fsync_directory, sha256_of_file, write_text_atomic
 
 log = logging.getLogger(__name__)
 
@@ -88,18 +88,6 @@ def step_dirname(step: int) -> str:
 # Durable file primitives
 
 
-def fsync_dir(path: Path) -> None:
-    """Persist a directory's entries (renames, new files); a no-op where directories cannot be opened."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except (IsADirectoryError, PermissionError):
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_durable(path: Path, writer: Callable[[Path], None]) -> None:
     """Run `writer(path)` and fsync the result."""
     writer(path)
@@ -109,24 +97,13 @@ def write_durable(path: Path, writer: Callable[[Path], None]) -> None:
 
 def replace_text_atomic(path: Path, text: str) -> None:
     """Replace a small text file atomically: readers see the old or the new content, never a mix."""
-    tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
-def sha256_of(path: Path) -> str:
-    with open(path, "rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
+    write_text_atomic(path, text, path.with_name(f"{TMP_PREFIX}{path.name}.{os.getpid()}"))
 
 
 def write_manifest(directory: Path) -> None:
     """Record size and SHA-256 of every file below `directory`; the manifest itself is written last."""
     files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST_FILE)
-    entries = {p.relative_to(directory).as_posix(): {"size": p.stat().st_size, "sha256": sha256_of(p)} for p in files}
+    entries = {p.relative_to(directory).as_posix(): {"size": p.stat().st_size, "sha256": sha256_of_file(p)} for p in files}
     replace_text_atomic(directory / MANIFEST_FILE, json.dumps({"format": 1, "files": entries}, indent=1))
 
 
@@ -147,7 +124,7 @@ def manifest_problems(directory: Path, checksums: bool = True) -> list[str]:
             problems.append(f"{name} is missing")
         elif path.stat().st_size != expected["size"]:
             problems.append(f"{name} has {path.stat().st_size} bytes, {expected['size']} recorded (truncated?)")
-        elif checksums and sha256_of(path) != expected["sha256"]:
+        elif checksums and sha256_of_file(path) != expected["sha256"]:
             problems.append(f"{name} does not match its recorded SHA-256 (damaged)")
     for required in (MODEL_FILE, STATE_FILE, OPTIM_FILE):
         if required not in entries:
@@ -188,7 +165,7 @@ def export_model_dir(checkpoint: Path, target: Path) -> Path:
         shutil.rmtree(old)
     else:
         os.replace(tmp, target)
-    fsync_dir(target.parent)
+    fsync_directory(target.parent)
     return target
 
 
@@ -338,8 +315,8 @@ class CheckpointManager:
         (tmp / "rng").mkdir(parents=True)
 
     def _commit(self, tmp: Path, final: Path) -> None:
-        fsync_dir(tmp / "rng")
-        fsync_dir(tmp)
+        fsync_directory(tmp / "rng")
+        fsync_directory(tmp)
         if final.exists():
             # The same step again: resume only goes back past a step whose checkpoint did not verify,
             # so the old copy is kept for inspection, not deleted.
@@ -347,7 +324,7 @@ class CheckpointManager:
             os.replace(final, aside)
             log.warning("%s did not verify and is replaced; the old copy is kept as %s", final.name, aside.name)
         os.replace(tmp, final)
-        fsync_dir(self.root)
+        fsync_directory(self.root)
         replace_text_atomic(self.root / LATEST, final.name + "\n")
         self._prune(final)
 
