@@ -14,10 +14,8 @@ from t2mlr.training.config import (
     ModelConfig,
     OptimConfig,
     ScheduleConfig,
-    apply_overrides,
     from_dict,
-    load_yaml_tree,
-    resolve_config_path,
+    load_tree,
     to_plain,
 )
 
@@ -96,8 +94,8 @@ class GrpoConfig:
 
 
 def grpo_config_tree(name_or_path: str | Path, overrides: list[str] | None = None) -> dict[str, Any]:
-    """A YAML file or preset (configs/) with dotted overrides applied, as a plain tree."""
-    return apply_overrides(load_yaml_tree(resolve_config_path(name_or_path)), list(overrides or []))
+    """A YAML file or preset (configs/) with dotted overrides applied, as a plain tree (the trainer's loader)."""
+    return load_tree(name_or_path, overrides)
 
 
 def check_grpo_before_loading(name_or_path: str | Path, overrides: list[str] | None = None) -> None:

@@ -60,8 +60,7 @@ from t2mlr.training.config import (
     TrainConfig,
     apply_overrides,
     config_from_tree,
-    load_yaml_tree,
-    resolve_config_path,
+    load_tree,
 )
 from t2mlr.training.data import Collator, build_dataset, eval_batches, labels_aligned
 from t2mlr.training.model_factory import base_config, build_model, load_initial_weights
@@ -112,7 +111,7 @@ class TrainedArm:
 def config_tree(config: str | Path, overrides: Sequence[str] = (), t2mlr: bool = False) -> dict[str, Any]:
     """The plain tree of a YAML config or preset with dotted overrides applied (checked by building it
     once); arms add their own overrides on top. `t2mlr`: the comparison derives its arms from a T²MLR model."""
-    tree = apply_overrides(load_yaml_tree(resolve_config_path(config)), list(overrides))
+    tree = load_tree(config, overrides)
     cfg = config_from_tree(tree)
     if t2mlr and cfg.model.arch != "t2mlr":
         raise ConfigError(f"{config}: model.arch is {cfg.model.arch!r}; the arms of this comparison derive from a "

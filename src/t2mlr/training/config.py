@@ -551,6 +551,12 @@ def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return tree
 
 
+def load_tree(name_or_path: str | Path, overrides: Sequence[str] | None = None) -> dict[str, Any]:
+    """A YAML file or preset (`extends:` followed) with dotted overrides applied, as a plain tree: what every
+    config loader starts from."""
+    return apply_overrides(load_yaml_tree(resolve_config_path(name_or_path)), list(overrides or []))
+
+
 def load_sections(name_or_path: str | Path, overrides: Sequence[str], sections: Mapping[str, type]
                   ) -> tuple[dict[str, Any], dict[str, Any]]:
     """A YAML config holding sections beyond the trainer's (an experiment's `task:`), with dotted overrides:
@@ -558,7 +564,7 @@ def load_sections(name_or_path: str | Path, overrides: Sequence[str], sections: 
     across fields, such as a data source's path, once the experiment has filled in what it derives), and each
     further section built as its dataclass (unknown keys and wrong types refused the same way, e.g. `task.kk`
     → `k`)."""
-    tree = apply_overrides(load_yaml_tree(resolve_config_path(name_or_path)), list(overrides))
+    tree = load_tree(name_or_path, overrides)
     built = {name: from_dict(cls, tree.pop(name, None) or {}, f"{name}.") for name, cls in sections.items()}
     return to_plain(from_dict(TrainConfig, tree)), built
 
@@ -577,8 +583,7 @@ def changed_settings(saved: Any, current: Any, neutral: Sequence[str] = (), pref
 
 def load_config(name_or_path: str | Path, overrides: list[str] | None = None) -> TrainConfig:
     """Load a YAML file or preset, apply overrides, type-check and validate it."""
-    tree = apply_overrides(load_yaml_tree(resolve_config_path(name_or_path)), list(overrides or []))
-    return config_from_tree(tree)
+    return config_from_tree(load_tree(name_or_path, overrides))
 
 
 def config_from_tree(tree: dict[str, Any]) -> TrainConfig:
@@ -650,7 +655,7 @@ def check_before_loading(name_or_path: str | Path, overrides: Sequence[str], dat
     data files (`t2mlr.training.data_files`). `load_config` then checks the rest."""
     from t2mlr.training.data_files import check_data_files
 
-    tree = apply_overrides(load_yaml_tree(resolve_config_path(name_or_path)), list(overrides))
+    tree = load_tree(name_or_path, overrides)
     for name, cls in (sections or {}).items():
         from_dict(cls, tree.pop(name, None) or {}, f"{name}.")
     check_model_keys(tree.get("model") or {})
