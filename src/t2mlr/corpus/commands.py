@@ -130,10 +130,9 @@ def run_train_tokenizer(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m t2mlr.corpus.commands tokenize ...`: this group without the main CLI."""
-    parser = argparse.ArgumentParser(prog="t2mlr")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["corpus", *(sys.argv[1:] if argv is None else argv)])
-    return int(args.func(args))
+    from t2mlr.utils import run_registered
+
+    return run_registered(register, ["corpus", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

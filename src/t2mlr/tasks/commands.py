@@ -98,6 +98,20 @@ def _disjoint_eval(stream: Iterator[dict[str, Any]], size: int, train_keys: set[
     raise ValueError(f"only {len(kept)} eval samples differ from the training set; lower --eval-size")
 
 
+def _write_disjoint_splits(args: argparse.Namespace, stream: Callable[[int | None, str], Iterator[dict[str, Any]]],
+                           train_size: int, key: str) -> int:
+    """train.jsonl (`train_size` samples of the "train" stream), eval.jsonl (samples of the endless "eval" stream
+    whose `key` no training sample has) and meta.json under --out."""
+    train_stream, eval_stream = stream(train_size, "train"), stream(None, "eval")  # settings checked here
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    train = list(_progress(train_stream, train_size, "train"))
+    _write(train, out / "train.jsonl")
+    _write(_disjoint_eval(eval_stream, args.eval_size, {s[key] for s in train}, key), out / "eval.jsonl")
+    _write_meta(out, args)
+    return 0
+
+
 @_one_line_errors
 def _run_s5(args: argparse.Namespace) -> int:
     # Both streams check every setting on the call, before anything is written.
@@ -127,14 +141,7 @@ def _run_variable_assignment(args: argparse.Namespace) -> int:
         return iter_variable_assignment(count, args.depth, args.num_constants, args.num_distractors, args.seed, name,
                                         mixed)
 
-    train_stream, eval_stream = stream(args.size, "train"), stream(None, "eval")  # settings checked here
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    train = list(_progress(train_stream, args.size, "train"))
-    _write(train, out / "train.jsonl")
-    _write(_disjoint_eval(eval_stream, args.eval_size, {s["prompt"] for s in train}, "prompt"), out / "eval.jsonl")
-    _write_meta(out, args)
-    return 0
+    return _write_disjoint_splits(args, stream, args.size, "prompt")
 
 
 @_one_line_errors
@@ -142,15 +149,7 @@ def _run_prosqa(args: argparse.Namespace) -> int:
     def stream(count: int | None, name: str) -> Iterator[dict[str, Any]]:
         return iter_prosqa_hard(count, args.nodes, args.path_len, args.edge_factor, args.seed, name, args.name_pool)
 
-    train_stream, eval_stream = stream(args.train_size, "train"), stream(None, "eval")  # settings checked here
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    train = list(_progress(train_stream, args.train_size, "train"))
-    _write(train, out / "train.jsonl")
-    _write(_disjoint_eval(eval_stream, args.eval_size, {s["question"] for s in train}, "question"),
-           out / "eval.jsonl")
-    _write_meta(out, args)
-    return 0
+    return _write_disjoint_splits(args, stream, args.train_size, "question")
 
 
 @_one_line_errors
