@@ -274,7 +274,6 @@ def matched_models(t2mlr_config: T2MLRConfig, lstm_layers: int = 4) -> MatchedSe
 
 MODEL_SPEC_FORMS = ("t2mlr:S-E, t2mlr:S-E:exact, t2mlr:S-E:jacobi:F:B, looped:full:K, looped:S-E:K, "
                     "pause:P (×P: P − 1 pauses per token), transformer or transformer:compute-matched")
-TRAIN_PATHS = ("exact", "jacobi")
 COMPUTE_MATCHED = "compute-matched"  # the matched Transformer trained for T²MLR's measured training compute
 
 

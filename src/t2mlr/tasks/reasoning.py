@@ -44,7 +44,6 @@ from t2mlr.tasks.variable_assignment import generate_variable_assignment
 
 __all__ = ["TASKS", "Scored", "TaskSpec", "get_task", "load_task_data", "score_output"]
 
-TASK_NAMES = ("variable-assignment", "prosqa-hard", "gsm-aug", "hotpotqa")
 GSM_VARIANTS = tuple(GSM_AUG_HUB)
 PROSQA_FIELDS = ("entity", "root", "correct", "edges")  # what the path checker reads from a record
 
