@@ -45,9 +45,13 @@ DESCRIPTION = "T²MLR: Transformer with Temporal Middle-Layer Recurrence. `t2mlr
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser with every command's full arguments (`command=None`), or with the full arguments of one
     command and a one-line entry for each other."""
+    return _parser({module for module, _ in COMMANDS.values()} if command is None else {COMMANDS[command][0]})
+
+
+def _parser(modules: set[str]) -> argparse.ArgumentParser:
+    """The full arguments of the commands that `modules` register, and a one-line entry for every other."""
     parser = argparse.ArgumentParser(prog="t2mlr", description=DESCRIPTION)
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    modules = {module for module, _ in COMMANDS.values()} if command is None else {COMMANDS[command][0]}
     for module in sorted(modules):
         importlib.import_module(module).register(subparsers, **_joined_into(module))
     registered = set(subparsers.choices)
@@ -76,20 +80,11 @@ def _command_of(argv: Sequence[str]) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = _command_of(argv)
-    parser = build_parser(command) if command is not None else _summary_parser()
+    parser = build_parser(command) if command is not None else _parser(set())  # --help, mistyped: nothing imported
     args = parser.parse_args(argv)  # --help and argument errors end here, before anything heavy loads
     if command in LOADS_SAVED_MODELS:
         args.load_model_types = lambda: [importlib.import_module(module) for module in LOADS_SAVED_MODELS[command]]
     return int(args.func(args) or 0)
-
-
-def _summary_parser() -> argparse.ArgumentParser:
-    """`t2mlr --help` and mistyped commands: every command with its one-line help, nothing imported."""
-    parser = argparse.ArgumentParser(prog="t2mlr", description=DESCRIPTION)
-    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, (_, summary) in COMMANDS.items():
-        subparsers.add_parser(name, help=summary)
-    return parser
 
 
 if __name__ == "__main__":
