@@ -8,9 +8,6 @@ The tokenizer helpers load on first use (PEP 562, as in ``t2mlr``): they import 
 the generators, scorers and ``t2mlr data --help`` do not need.
 """
 
-import importlib
-from typing import Any
-
 from t2mlr.tasks.jsonl import read_jsonl, write_jsonl
 from t2mlr.tasks.loaders import DataUnavailableError, load_gsm_aug, load_hotpotqa_cot
 from t2mlr.tasks.prosqa import check_answer, check_path, generate_prosqa_hard
@@ -41,6 +38,7 @@ from t2mlr.tasks.variable_assignment import (
     generate_variable_assignment,
     solve_variable_assignment,
 )
+from t2mlr.utils import lazy_names
 
 __all__ = [
     "DataUnavailableError",
@@ -77,9 +75,5 @@ __all__ = [
 
 _TOKENIZER_NAMES = ("build_s5_tokenizer", "build_word_tokenizer", "encode_s5_sample")
 
-
-def __getattr__(name: str) -> Any:
-    """Load the tokenizer helpers (and transformers) on first access."""
-    if name in _TOKENIZER_NAMES:
-        return getattr(importlib.import_module("t2mlr.tasks.tokenizers"), name)
-    raise AttributeError(f"module 't2mlr.tasks' has no attribute {name!r}")
+# The tokenizer helpers (and transformers) load on first access.
+__getattr__ = lazy_names(__name__, dict.fromkeys(_TOKENIZER_NAMES, "tokenizers"))
