@@ -197,9 +197,9 @@ def lazy_names(package: str, homes: dict[str, str]) -> Callable[[str], Any]:
     return load
 
 
-def nearest_name(name: str, valid: Iterable[str]) -> str | None:
-    """The valid name closest to a misspelt one, or None when nothing is close."""
-    close = difflib.get_close_matches(name, list(valid), n=1)
+def nearest_name(name: str, valid: Iterable[str], cutoff: float = 0.6) -> str | None:
+    """The valid name closest to a misspelt one, or None when nothing is close (difflib's similarity `cutoff`)."""
+    close = difflib.get_close_matches(name, list(valid), n=1, cutoff=cutoff)
     return close[0] if close else None
 
 

@@ -8,14 +8,13 @@ single host sync per forward. Under `torch.compile` that read is skipped: a grap
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
 from transformers import DynamicCache
 
-from t2mlr.utils import IGNORE_INDEX
+from t2mlr.utils import IGNORE_INDEX, nearest_name
 
 from .cache import KEYS_WITHOUT_STATES, T2MLRCache, T2MLRStaticCache
 from .layout import TokenLayout, token_layout
@@ -253,6 +252,6 @@ def check_no_misspelt_arguments(extra: Iterable[str], known: Iterable[str]) -> N
         return
     known = list(known)
     for name in extra:
-        guess = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
-        if guess and guess[0] != name:  # the head's own arguments reach the backbone too (logits_to_keep)
-            raise ValueError(f"unknown argument {name!r}: did you mean {guess[0]!r}?")
+        guess = nearest_name(name, known, cutoff=0.8)
+        if guess is not None and guess != name:  # the head's own arguments reach the backbone too (logits_to_keep)
+            raise ValueError(f"unknown argument {name!r}: did you mean {guess!r}?")
