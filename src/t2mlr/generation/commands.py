@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import fields
 from typing import TYPE_CHECKING
 
 from t2mlr.utils import DTYPES
@@ -78,20 +79,10 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def settings_from_args(args: argparse.Namespace) -> "GenerationSettings":
+    """The settings chosen on the command line: every `GenerationSettings` field is the option of its name."""
     from t2mlr.generation.text import GenerationSettings
 
-    settings = GenerationSettings(
-        max_new_tokens=args.max_new_tokens,
-        prefill=args.prefill,
-        prefill_depth=args.prefill_depth,
-        prefill_tol=args.prefill_tol,
-        do_sample=args.do_sample,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        seed=args.seed,
-        compile=args.compile,
-    )
+    settings = GenerationSettings(**{field.name: getattr(args, field.name) for field in fields(GenerationSettings)})
     settings.validate()
     return settings
 
