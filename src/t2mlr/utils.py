@@ -11,7 +11,7 @@
   errors that say what is missing; `prompt_ids`: a prompt's token ids as training and generation read it.
 * `launched_by_torchrun`: read from the environment, so a command refuses a launch before torch loads.
 * `fsync_directory`, `write_text_atomic`, `sha256_of_file`: the durable writes and checksums that checkpoints
-  and tokenized corpora share.
+  and tokenized corpora share; `exit_when_orphaned`: how their worker processes end with their parent.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import hashlib
 import importlib
 import inspect
 import os
+import time
 import typing
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ if TYPE_CHECKING:  # torch and transformers load where they are used: the CLI st
 
 IGNORE_INDEX = -100
 DTYPES = ("float32", "bfloat16", "float16")  # the floating dtypes a user may name
+PARENT_POLL_SECONDS = 0.5  # how often an orphaned worker looks for its parent (`exit_when_orphaned`)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "vocab.txt")
 
 
@@ -163,6 +165,14 @@ def sha256_of_file(path: Path, chunk: int = 1 << 22) -> str:
         while block := handle.read(chunk):
             digest.update(block)
     return digest.hexdigest()
+
+
+def exit_when_orphaned(parent_pid: int) -> None:
+    """Wait (on a daemon thread of a worker process) until the process `parent_pid` that started this one is gone,
+    then end this process at once: a parent killed with kill -9 has no chance to stop its workers."""
+    while os.getppid() == parent_pid:
+        time.sleep(PARENT_POLL_SECONDS)
+    os._exit(1)  # from any thread: no cleanup, like the signal
 
 
 def launched_by_torchrun() -> bool:

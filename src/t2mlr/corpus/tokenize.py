@@ -50,7 +50,7 @@ from t2mlr.corpus.sources import (
     TxtDocuments,
     resolve_inputs,
 )
-from t2mlr.utils import TokenizerNotFoundError
+from t2mlr.utils import TokenizerNotFoundError, exit_when_orphaned
 from t2mlr.utils import load_tokenizer as load_any_tokenizer
 
 DEFAULT_SHARD_TOKENS = 1 << 27  # 128 Mi tokens: 256 MiB uint16 shards
@@ -127,14 +127,7 @@ def _init_worker(tokenizer: Any, dtype: str, eos_token_id: int, parent_pid: int)
     # One core per worker: the processes are the parallelism (and the benchmark's limit is measured so).
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _WORKER_STATE = (tokenizer, np.dtype(dtype), eos_token_id)
-    threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
-
-
-def _exit_with_parent(parent_pid: int) -> None:
-    """A worker whose parent was killed (kill -9 gives it no chance to stop us) ends itself."""
-    while os.getppid() == parent_pid:
-        time.sleep(0.5)
-    os._exit(1)
+    threading.Thread(target=exit_when_orphaned, args=(parent_pid,), daemon=True).start()
 
 
 def _encode_in_worker(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:

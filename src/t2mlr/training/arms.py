@@ -32,7 +32,6 @@ import shutil
 import signal
 import sys
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, replace
@@ -65,7 +64,7 @@ from t2mlr.training.config import (
 from t2mlr.training.data import Collator, build_dataset, eval_batches, labels_aligned
 from t2mlr.training.model_factory import base_config, build_model, load_initial_weights
 from t2mlr.training.trainer import FINAL_DIR, NonFiniteLossError, train
-from t2mlr.utils import resolve_device
+from t2mlr.utils import exit_when_orphaned, resolve_device
 
 __all__ = ["Arm", "TrainedArm", "arm_from_tree", "base_section", "claim_run_dirs", "config_tree", "fixed_threads",
            "load_trained", "matched_arm", "model_section", "resolve_workers", "train_arms", "validation_batches"]
@@ -326,7 +325,6 @@ def _train_one(arm: Arm, run_dir: Path, resume: bool) -> TrainedArm:
 
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
-PARENT_POLL_SECONDS = 0.5
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -339,15 +337,9 @@ def die_with_parent(parent_pid: int) -> None:
             errno = ctypes.get_errno()
             raise OSError(errno, f"prctl(PR_SET_PDEATHSIG) failed: {os.strerror(errno)}")
     else:
-        threading.Thread(target=_exit_when_orphaned, args=(parent_pid,), daemon=True, name="die-with-parent").start()
+        threading.Thread(target=exit_when_orphaned, args=(parent_pid,), daemon=True, name="die-with-parent").start()
     if os.getppid() != parent_pid:
         os._exit(1)
-
-
-def _exit_when_orphaned(parent_pid: int) -> None:
-    while os.getppid() == parent_pid:
-        time.sleep(PARENT_POLL_SECONDS)
-    os._exit(1)  # from any thread: no cleanup, like the signal
 
 
 def _init_worker(threads: int, bar_lock: Any, parent_pid: int) -> None:
