@@ -25,30 +25,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+from matplotlib.ticker import MaxNLocator
 
-matplotlib.use("Agg")  # files only: works on headless machines and in tests
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+from t2mlr.training.plot import pyplot, save_figure
+
+plt = pyplot()
 
 __all__ = ["plot_accuracy_by_depth", "plot_accuracy_over_seeds", "plot_accuracy_vs_length", "plot_cosine_grid",
            "plot_gates", "plot_gradient_fidelity", "plot_jacobi_depths", "plot_jacobi_vs_exact", "plot_loss_curves",
            "plot_pass_at_1", "plot_placement", "plot_probes", "plot_retrofit"]
-
-DPI = 120
-
-
-def _save(fig: Any, path: str | Path, title: str = "") -> Path:
-    """Lay the figure out (under `title`, when given), write it to `path` as a PNG and free it."""
-    if title:
-        fig.suptitle(title)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
-
 
 def plot_gradient_fidelity(rows: Sequence[Any], anchor: Any, path: str | Path, title: str = "") -> Path:
     """Three panels over d_forward (log2 axis): cosine, relative l2, seconds; one line per d_backward."""
@@ -69,7 +54,7 @@ def plot_gradient_fidelity(rows: Sequence[Any], anchor: Any, path: str | Path, t
         ax.set(xlabel="d_forward", ylabel=ylabel)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
-    return _save(fig, path, title)
+    return save_figure(fig, path, title)
 
 
 def plot_jacobi_vs_exact(losses: Mapping[str, float], curves: Mapping[str, Sequence[tuple[int, float]]],
@@ -99,7 +84,7 @@ def plot_jacobi_vs_exact(losses: Mapping[str, float], curves: Mapping[str, Seque
     else:
         lines.text(0.5, 0.5, "no periodic evaluation logged\n(eval.every = 0)", ha="center", va="center",
                    transform=lines.transAxes)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_jacobi_depths(rows: Sequence[Any], path: str | Path, title: str = "") -> Path:
@@ -117,7 +102,7 @@ def plot_jacobi_depths(rows: Sequence[Any], path: str | Path, title: str = "") -
         ax.set(yscale=scale, xlabel="Jacobi d_forward")
         ax.set_ylabel(ylabel, fontsize=8)
         ax.grid(alpha=0.3)
-    return _save(fig, path, title)
+    return save_figure(fig, path, title)
 
 
 def plot_probes(curves: Mapping[tuple[str, int], Mapping[int, float]], path: str | Path, num_layers: int,
@@ -142,7 +127,7 @@ def plot_probes(curves: Mapping[tuple[str, int], Mapping[int, float]], path: str
            ylabel="held-out probe loss (nats/token)", title="future-token probes")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_gates(runs: Mapping[str, tuple[Sequence[int], Sequence[float], Sequence[float]]], path: str | Path) -> Path:
@@ -166,7 +151,7 @@ def plot_gates(runs: Mapping[str, tuple[Sequence[int], Sequence[float], Sequence
         ax.set(xlabel="training step", ylabel="gate value (Φ uses tanh γ)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_placement(rows: Sequence[Mapping[str, Any]], baseline_loss: float | None, path: str | Path,
@@ -186,7 +171,7 @@ def plot_placement(rows: Sequence[Mapping[str, Any]], baseline_loss: float | Non
            ylabel="validation loss (nats/token)", title=f"recurrence placement, {num_layers} blocks")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 Curve = Mapping[int, tuple[float, float]]  # N -> (exact match, token accuracy)
@@ -221,7 +206,7 @@ def plot_accuracy_vs_length(
     bottom.set_xlabel("number of actions N")
     top.set_title(title)
     top.legend(loc="best", fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 SeedCurves = Mapping[int, Mapping[int, float]]  # seed -> N -> value
@@ -262,7 +247,7 @@ def plot_accuracy_over_seeds(arms: Mapping[str, tuple[SeedCurves, SeedCurves]], 
     bottom.set_xlabel(f"number of actions N (shaded: training N {lo}–{hi}; lines: mean over seeds, bands: min–max)")
     top.set_title(title)
     top.legend(loc="best", fontsize=7)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_cosine_grid(panels: Mapping[str, Mapping[tuple[int, int], list[float]]], path: str | Path,
@@ -288,7 +273,7 @@ def plot_cosine_grid(panels: Mapping[str, Mapping[tuple[int, int], list[float]]]
         ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_accuracy_by_depth(arms: Mapping[str, Mapping[str, list[float]]], path: str | Path, ylabel: str) -> Path:
@@ -306,7 +291,7 @@ def plot_accuracy_by_depth(arms: Mapping[str, Mapping[str, list[float]]], path: 
            ylim=(-0.03, 1.03))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 # task label -> arm label -> one (pass@1, low, high) per seed
@@ -339,7 +324,7 @@ def plot_pass_at_1(bars: Bars, path: str | Path, title: str = "Reasoning finetun
     ax.grid(axis="y", alpha=0.3, zorder=0)
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _smooth(values: Sequence[float], window: int) -> list[float]:
@@ -366,7 +351,7 @@ def plot_loss_curves(curves: Mapping[str, Mapping[str, Sequence[tuple[int, float
         axis.grid(alpha=0.3)
         if axis.get_legend_handles_labels()[0]:
             axis.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_retrofit(accuracy: Mapping[str, float], losses: Mapping[str, Sequence[float]], ylabel: str,
@@ -380,4 +365,4 @@ def plot_retrofit(accuracy: Mapping[str, float], losses: Mapping[str, Sequence[f
         right.plot(range(1, len(values) + 1), values, label=name, color=colour)
     right.set(xlabel="step", ylabel="training loss (reply tokens)", title="finetuning loss")
     right.legend()
-    return _save(fig, path)
+    return save_figure(fig, path)

@@ -220,17 +220,13 @@ def run_grpo(cfg: GrpoConfig, out_dir: str | Path, resume: bool = False, stop_af
 
 def plot_grpo_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Mean reward per step (and its running mean over 10 steps) with the greedy eval accuracy, to a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     from t2mlr.training.metrics import read_metrics
+    from t2mlr.training.plot import pyplot, save_figure
 
     records = read_metrics(Path(run_dir))
     train = [r for r in records if r.get("split") == "train" and "reward" in r]  # steps that sampled a rollout
     evals = [r for r in records if r.get("split") == "eval"]
-    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    fig, ax = pyplot().subplots(figsize=(6.4, 3.8))
     steps = [r["step"] for r in train]
     rewards = [r["reward"] for r in train]
     ax.plot(steps, rewards, color="0.75", lw=0.8, label="mean reward (sampled, per step)")
@@ -242,11 +238,7 @@ def plot_grpo_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     ax.set(xlabel="GRPO step", ylabel="reward / accuracy", ylim=(-0.02, 1.02))
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    path = Path(out) if out is not None else Path(run_dir) / CURVE_FILE
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, Path(out) if out is not None else Path(run_dir) / CURVE_FILE)
 
 
 __all__ = ["GrpoConfig", "GrpoSettings", "batch_layout", "load_grpo_config", "plot_grpo_run", "run_grpo",

@@ -11,6 +11,31 @@ from typing import Any
 
 from t2mlr.training.metrics import read_metrics
 
+DPI = 120
+
+
+def pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend: files only, so it works on headless machines and in tests. Imported
+    when a figure is drawn, so commands that draw none do not pay for matplotlib."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig: Any, path: str | Path, title: str = "") -> Path:
+    """Lay the figure out (under `title`, when given), write it to `path` as a PNG and free it."""
+    if title:
+        fig.suptitle(title)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    pyplot().close(fig)
+    return path
+
 
 def _series(records: list[dict[str, Any]], split: str, key: str) -> tuple[list[int], list[float]]:
     steps, values = [], []
@@ -24,15 +49,9 @@ def _series(records: list[dict[str, Any]], split: str, key: str) -> tuple[list[i
 
 def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Draw train/eval loss and γ_cur/γ_rec against step; returns the PNG path (default <run>/curves.png)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     run_dir = Path(run_dir)
     records = read_metrics(run_dir)
-    out_path = Path(out) if out else run_dir / "curves.png"
-    fig, (ax_loss, ax_gate) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (ax_loss, ax_gate) = pyplot().subplots(1, 2, figsize=(11, 4))
     for split, key, label in (("train", "loss", "train loss"), ("eval", "eval_loss", "eval loss")):
         steps, values = _series(records, split, key)
         if steps:
@@ -50,7 +69,4 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
                 title="fusion gates" if drawn else "fusion gates (none: plain transformer)")
     if drawn:
         ax_gate.legend()
-    fig.tight_layout()
-    fig.savefig(out_path, dpi=120)
-    plt.close(fig)
-    return out_path
+    return save_figure(fig, Path(out) if out else run_dir / "curves.png")
