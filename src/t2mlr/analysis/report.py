@@ -30,15 +30,19 @@ def write_result(out_dir: str | Path, stem: str, markdown: Sequence[str], payloa
     return md, js
 
 
-def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]], align: str = "") -> str:
+    """`align` has one letter per column, "l" (left) or "r" (right, for numbers); empty: every column left."""
+    align = align or "l" * len(headers)
+    if len(align) != len(headers) or set(align) - {"l", "r"}:
+        raise ValueError(f"align {align!r}: one letter, l or r, for each of the {len(headers)} columns")
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|"]
     lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
     return "\n".join(lines)
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
-    """A markdown table as lines."""
-    return markdown_table(headers, rows).splitlines()
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]], align: str = "") -> list[str]:
+    """A markdown table as lines (`align` as for `markdown_table`)."""
+    return markdown_table(headers, rows, align).splitlines()
 
 
 def percent(value: float, digits: int = 1, sign: str = "%") -> str:

@@ -510,18 +510,17 @@ def echo(plan: FinetunePlan) -> dict[str, Any]:
 
 
 def results_table(results: Sequence[ArmResult]) -> list[str]:
-    from t2mlr.analysis.report import minutes, percent
+    from t2mlr.analysis.report import minutes, percent, table
 
     extras = sorted({k for r in results for k in r.extra})
-    head = "| arm | parameters | start | steps | tokens | training time | pass@1 | 95% interval |"
-    rule = "|---|---:|---|---:|---:|---:|---:|---|"
-    lines = [head + "".join(f" {k} |" for k in extras), rule + "---:|" * len(extras)]
+    head = ["arm", "parameters", "start", "steps", "tokens", "training time", "pass@1", "95% interval", *extras]
+    rows = []
     for r in results:
         lo, hi = r.interval
-        row = (f"| {r.label} | {r.parameters:,} | {r.start} | {r.steps:,} | {r.tokens:,} | {minutes(r.train_seconds)} | "
-               f"{percent(r.pass_at_1)} ({r.correct}/{r.total}) | {percent(lo)}–{percent(hi)} |")
-        lines.append(row + "".join(f" {percent(r.extra.get(k, float('nan')))} |" for k in extras))
-    return lines
+        rows.append([r.label, f"{r.parameters:,}", r.start, f"{r.steps:,}", f"{r.tokens:,}", minutes(r.train_seconds),
+                     f"{percent(r.pass_at_1)} ({r.correct}/{r.total})", f"{percent(lo)}–{percent(hi)}",
+                     *[percent(r.extra.get(k, float("nan"))) for k in extras]])
+    return table(head, rows, "lrlrrrrl" + "r" * len(extras))
 
 
 def _settings_line(plan: FinetunePlan, workers: int) -> str:
@@ -638,12 +637,11 @@ def run(plan: FinetunePlan, out: str | Path, resume: bool = False, overwrite: bo
 
 
 def _task_table(runs: Sequence[dict[str, Any]]) -> list[str]:
-    from t2mlr.analysis.report import percent
+    from t2mlr.analysis.report import percent, table
 
     seeds = [r["preset"]["seed"] for r in runs]
     arms = list(dict.fromkeys(a["label"] for r in runs for a in r["results"]))
-    lines = ["| arm | " + " | ".join(f"seed {s} pass@1 (95% interval)" for s in seeds) + " | mean | seed spread |",
-             "|---|" + "---:|" * (len(seeds) + 2)]
+    rows = []
     for arm in arms:
         cells, values = [], []
         for run in runs:
@@ -655,8 +653,9 @@ def _task_table(runs: Sequence[dict[str, Any]]) -> list[str]:
             lo, hi = found["interval"]
             cells.append(f"{percent(found['pass_at_1'])} ({percent(lo)}–{percent(hi)})")
         spread = f"{percent(min(values))}–{percent(max(values))}" if len(values) > 1 else "–"
-        lines.append(f"| {arm} | " + " | ".join(cells) + f" | {percent(sum(values) / len(values))} | {spread} |")
-    return lines
+        rows.append([arm, *cells, percent(sum(values) / len(values)), spread])
+    head = ["arm", *[f"seed {s} pass@1 (95% interval)" for s in seeds], "mean", "seed spread"]
+    return table(head, rows, "l" + "r" * (len(seeds) + 2))
 
 
 def write_summary(runs: Sequence[Path], out: Path) -> dict[str, list[dict[str, Any]]]:

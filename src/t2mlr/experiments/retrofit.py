@@ -307,6 +307,8 @@ def _metric_cell(m: dict[str, Any], metric: str, problems: int) -> str:
 
 
 def results_markdown(results: dict[str, Any], tree: dict[str, Any]) -> list[str]:
+    from t2mlr.analysis.report import table
+
     p, models, metrics = results["preset"], results["models"], results["metrics"]
     model, optim, train = tree["model"], tree["optim"], tree["train"]
     masked = model.get("recurrence_mask_policy") == "mask"
@@ -322,15 +324,16 @@ def results_markdown(results: dict[str, Any], tree: dict[str, Any]) -> list[str]
          f"replies on {results['eval_problems']} held-out problems ({p['eval_data']}), by each metric "
          "(`t2mlr.tasks.scoring`); the first is the headline."),
         "",
-        "| model | " + " | ".join(METRIC_LABELS[m] for m in metrics)
-        + " | training time (s, optimizer steps) | tokens seen | final training loss |",
-        "|---|" + "---|" * (len(metrics) + 3),
     ]
+    rows = []
     for name in MODELS:
         m = models[name]
         loss = f"{sum(m['losses'][-5:]) / len(m['losses'][-5:]):.4f}" if m.get("losses") else "–"
-        cells = " | ".join(_metric_cell(m, metric, results["eval_problems"]) for metric in metrics)
-        lines.append(f"| {ARM_LABELS[name]} | {cells} | {m.get('train_seconds', 0):.0f} | {m.get('tokens_seen', 0)} | {loss} |")
+        rows.append([ARM_LABELS[name], *[_metric_cell(m, metric, results["eval_problems"]) for metric in metrics],
+                     f"{m.get('train_seconds', 0):.0f}", m.get("tokens_seen", 0), loss])
+    head = ["model", *[METRIC_LABELS[m] for m in metrics], "training time (s, optimizer steps)", "tokens seen",
+            "final training loss"]
+    lines += table(head, rows)
     return lines + ["", f"Whole run: {results['total_seconds'] / 60:.1f} min. Final loss: mean of the last 5 steps."]
 
 
@@ -347,13 +350,15 @@ def plot(results: dict[str, Any], path: Path) -> None:
 def seeds_summary(results: Sequence[dict[str, Any]], metric: str) -> str:
     """Markdown table of one metric over several seeds' results side by side, with each model's mean and the
     spread (max - min) across seeds, and the T²MLR-minus-baseline gap per seed."""
+    from t2mlr.analysis.report import table
+
     seeds = [r["preset"]["seed"] for r in results]
-    lines = ["| model | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | spread |",
-             "|---|" + "---|" * (len(seeds) + 2)]
+    rows = []
     for name in MODELS:
         values = [r["models"][name]["metrics"][metric]["accuracy"] for r in results]
-        cells = " | ".join(f"{v:.3f}" for v in values)
-        lines.append(f"| {ARM_LABELS[name]} | {cells} | {sum(values) / len(values):.3f} | {max(values) - min(values):.3f} |")
+        rows.append([ARM_LABELS[name], *[f"{v:.3f}" for v in values], f"{sum(values) / len(values):.3f}",
+                     f"{max(values) - min(values):.3f}"])
+    lines = table(["model", *[f"seed {s}" for s in seeds], "mean", "spread"], rows)
     gaps = [r["models"]["t2mlr"]["metrics"][metric]["accuracy"] - r["models"]["transformer"]["metrics"][metric]["accuracy"]
             for r in results]
     mean_gap = round(sum(gaps) / len(gaps), 9) + 0.0  # no "-0.000" from rounding noise

@@ -468,28 +468,30 @@ def _span(lo: int, hi: int) -> str:
 def results_table(results: Sequence[ModelResult], task: S5Task) -> list[str]:
     """One row per model; EM and token accuracy over the training lengths and, when the evaluation goes further,
     beyond them."""
-    from t2mlr.analysis.report import minutes
+    from t2mlr.analysis.report import minutes, table
 
     lo, hi = task.train_n
     spans = [(lo, hi)] + ([(hi + 1, task.eval_n[1])] if hi < task.eval_n[1] else [])
-    lines = ["| model | trained on | evaluated on | parameters | steps | training time |"
-             + "".join(f" EM ({_span(*span)}) | token acc ({_span(*span)}) |" for span in spans),
-             "|---|---|---|---:|---:|---:|" + "---:|---:|" * len(spans)]
+    head = ["model", "trained on", "evaluated on", "parameters", "steps", "training time",
+            *[f"{score} ({_span(*span)})" for span in spans for score in ("EM", "token acc")]]
+    rows = []
     for r in results:
         scores = [summarize(r.per_n, *span) or (float("nan"), float("nan")) for span in spans]
-        lines.append(f"| {r.label} | {r.train_path} | {r.eval_path} | {r.parameters:,} | {r.steps:,} | "
-                     f"{minutes(r.train_seconds)} |" + "".join(f" {_fmt(em)} | {_fmt(tok)} |" for em, tok in scores))
-    return lines
+        rows.append([r.label, r.train_path, r.eval_path, f"{r.parameters:,}", f"{r.steps:,}", minutes(r.train_seconds),
+                     *[_fmt(score) for pair in scores for score in pair]])
+    return table(head, rows, "lllrrr" + "rr" * len(spans))
 
 
 def per_n_table(results: Sequence[ModelResult]) -> list[str]:
+    from t2mlr.analysis.report import table
+
     ns = sorted({n for r in results for n in r.per_n})
-    lines = ["| N | " + " | ".join(f"{r.label} EM / tok" for r in results) + " |", "|---:|" + "---:|" * len(results)]
+    rows = []
     for n in ns:
         cells = [f"{_fmt(r.per_n[n].exact_match)} / {_fmt(r.per_n[n].token_accuracy)}" if n in r.per_n else "–"
                  for r in results]
-        lines.append(f"| {n} | " + " | ".join(cells) + " |")
-    return lines
+        rows.append([n, *cells])
+    return table(["N", *[f"{r.label} EM / tok" for r in results]], rows, "r" * (len(results) + 1))
 
 
 def describe(plan: S5Plan) -> list[str]:

@@ -58,7 +58,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from t2mlr.analysis.report import write_result
+from t2mlr.analysis.report import table, write_result
 from t2mlr.experiments import s5
 from t2mlr.experiments.s5 import FIGURE, RESULTS_JSON, RESULTS_MD, arm_spec, label_of, run_dir_name
 
@@ -501,15 +501,15 @@ def summary_table(rows: Sequence[Mapping[str, Any]], seeds: Sequence[int]) -> li
     head = ["preset", "arm", "trained on", "steps", "EM train N, mean (min–max)", "EM beyond, mean (min–max)",
             "token acc train", "token acc beyond", "training min", "× exact T²MLR's",
             *[f"EM train, seed {s}" for s in seeds]]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 4 + "---:|" * (len(head) - 4)]
+    cells = []
     for row in rows:
         per_seed = [(_pct(row["per_seed"][s]["em_train"]) if s in row["per_seed"] else
                      ("failed" if s in row["failed_seeds"] else "–")) for s in seeds]
         steps = "–" if row["steps"] is None else f"{row['steps']:,}"
-        lines.append("| " + " | ".join([row["preset"], row["label"], row["train_path"], steps, _spread(row["em_train"]),
-                                        _spread(row["em_beyond"]), _spread(row["token_train"]),
-                                        _spread(row["token_beyond"]), *_training_time(row), *per_seed]) + " |")
-    return lines
+        cells.append([row["preset"], row["label"], row["train_path"], steps, _spread(row["em_train"]),
+                      _spread(row["em_beyond"]), _spread(row["token_train"]), _spread(row["token_beyond"]),
+                      *_training_time(row), *per_seed])
+    return table(head, cells, "llll" + "r" * (len(head) - 4))
 
 
 # ---------------------------------------------------------------------------------------------- report
@@ -590,12 +590,9 @@ def _fidelity_table(panels: Mapping[str, Mapping[tuple[int, int], list[float]]])
     if not panels:
         return []
     settings = sorted({cell for cells in panels.values() for cell in cells})
-    lines = ["| model (checkpoint) | " + " | ".join(f"({f},{b})" for f, b in settings) + " |",
-             "|---|" + "---:|" * len(settings)]
-    for title, cells in panels.items():
-        values = [f"{statistics.fmean(cells[s]):.3f}" if s in cells else "–" for s in settings]
-        lines.append(f"| {title} | " + " | ".join(values) + " |")
-    return lines
+    rows = [[title, *[f"{statistics.fmean(cells[s]):.3f}" if s in cells else "–" for s in settings]]
+            for title, cells in panels.items()]
+    return table(["model (checkpoint)", *[f"({f},{b})" for f, b in settings]], rows, "l" + "r" * len(settings))
 
 
 def _depth_summary(report: Path, results: Mapping[str, Mapping[int, Mapping[str, Any]]]) -> tuple[dict, list[str]]:
@@ -621,13 +618,13 @@ def _depth_summary(report: Path, results: Mapping[str, Mapping[int, Mapping[str,
     if not em:
         return {}, []
     names = list(next(iter(em.values())))
-    lines = ["| T²MLR model | " + " | ".join(names) + " | state distance at d = " +
-             " / ".join(str(d) for d in EVAL_DEPTHS) + " |", "|---|" + "---:|" * (len(names) + 1)]
+    rows = []
     for label, by_path in em.items():
         cells = [_pct(statistics.fmean(by_path[n])) if n in by_path else "–" for n in names]
         gaps = " / ".join(f"{max(state[label][d]):.1e}" for d in EVAL_DEPTHS if d in state.get(label, {}))
-        lines.append(f"| {label} | " + " | ".join(cells) + f" | {gaps} |")
-    return {"em_train_by_path": em, "state_gap_max_by_depth": state}, lines
+        rows.append([label, *cells, gaps])
+    head = ["T²MLR model", *names, "state distance at d = " + " / ".join(str(d) for d in EVAL_DEPTHS)]
+    return {"em_train_by_path": em, "state_gap_max_by_depth": state}, table(head, rows, "l" + "r" * (len(names) + 1))
 
 
 def _gate_lines(report: Path) -> tuple[list[dict[str, Any]], list[str]]:
@@ -637,10 +634,10 @@ def _gate_lines(report: Path) -> tuple[list[dict[str, Any]], list[str]]:
         for run in json.loads(path.read_text(encoding="utf-8"))["runs"]:
             finals.append({"seed": seed, "run": run["run"], "gamma_cur": run["final_gamma_cur"],
                            "gamma_rec": run["final_gamma_rec"]})
-    lines = ["| T²MLR model | seed | final γ_cur | final γ_rec | tanh γ_cur | tanh γ_rec |", "|---|---:|---:|---:|---:|---:|"]
-    lines += [f"| {f['run']} | {f['seed']} | {f['gamma_cur']:+.3f} | {f['gamma_rec']:+.3f} | "
-              f"{math.tanh(f['gamma_cur']):+.3f} | {math.tanh(f['gamma_rec']):+.3f} |" for f in finals]
-    return finals, lines
+    rows = [[f["run"], f["seed"], f"{f['gamma_cur']:+.3f}", f"{f['gamma_rec']:+.3f}", f"{math.tanh(f['gamma_cur']):+.3f}",
+             f"{math.tanh(f['gamma_rec']):+.3f}"] for f in finals]
+    head = ["T²MLR model", "seed", "final γ_cur", "final γ_rec", "tanh γ_cur", "tanh γ_rec"]
+    return finals, table(head, rows, "lrrrrr")
 
 
 def _gates_figure(places: Sequence[RunPlace], report: Path) -> Path | None:
@@ -658,17 +655,18 @@ def _gates_figure(places: Sequence[RunPlace], report: Path) -> Path | None:
 
 
 def _cost_lines(costs: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    lines = [("| preset | arm | training step (s) | × matched Transformer | FLOP model | decode (ms/token) | "
-             "× matched Transformer | FLOP model |"), "|---|---|---:|---:|---:|---:|---:|---:|"]
+    rows = []
     for preset, measured in costs.items():
         decoding = {entry["name"]: entry for entry in measured.get("decoding", [])}
         for entry in measured["training"]:
             dec = decoding.get(entry["name"])
-            lines.append(
-                f"| {preset} | {entry['label']} | {entry['median_seconds']:.3f} | {entry['median_ratio']:.2f}× | "
-                f"{entry['flop_ratio']:.2f}× | " + (f"{1000 * dec['median_seconds']:.2f} | {dec['median_ratio']:.2f}× | "
-                                                    f"{dec['flop_ratio']:.2f}× |" if dec else "– | – | – |"))
-    lines.append("")
+            rows.append([preset, entry["label"], f"{entry['median_seconds']:.3f}", f"{entry['median_ratio']:.2f}×",
+                         f"{entry['flop_ratio']:.2f}×",
+                         *([f"{1000 * dec['median_seconds']:.2f}", f"{dec['median_ratio']:.2f}×",
+                            f"{dec['flop_ratio']:.2f}×"] if dec else ["–"] * 3)])
+    head = ["preset", "arm", "training step (s)", "× matched Transformer", "FLOP model", "decode (ms/token)",
+            "× matched Transformer", "FLOP model"]
+    lines = [*table(head, rows, "llrrrrrr"), ""]
     for preset, measured in costs.items():
         ratios = {entry["name"]: entry["median_ratio"] for entry in measured["training"]}
         for name, ratio in ratios.items():
