@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["markdown_table", "minutes", "percent", "table", "write_result"]
+__all__ = ["markdown_table", "minutes", "optimizer_settings", "percent", "table", "write_result"]
 
 TABLE_SUFFIX, JSON_SUFFIX = ".md", ".json"
 
@@ -53,6 +53,14 @@ def percent(value: float, digits: int = 1, sign: str = "%") -> str:
 def minutes(seconds: float) -> str:
     """A duration as minutes from one minute on, else seconds: "3.5 min", "42 s"."""
     return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
+def optimizer_settings(tree: Mapping[str, Any], batch: int) -> str:
+    """The optimizer, schedule and batch of a trainer config tree in words, as the experiments' reports state them:
+    "AdamW (lr …, betas …, weight decay …), N warmup steps then cosine to X× lr, batch B"."""
+    optim, schedule = tree["optim"], tree["schedule"]
+    return (f"AdamW (lr {optim['lr']:g}, betas {tuple(optim['betas'])}, weight decay {optim['weight_decay']:g}), "
+            f"{schedule['warmup_steps']} warmup steps then cosine to {schedule['min_lr_ratio']:g}× lr, batch {batch}")
 
 
 def _json_safe(value: Any) -> Any:

@@ -524,6 +524,8 @@ def results_table(results: Sequence[ArmResult]) -> list[str]:
 
 
 def _settings_line(plan: FinetunePlan, workers: int) -> str:
+    from t2mlr.analysis.report import optimizer_settings
+
     t, model = plan.tree, plan.tree["model"]
     mask = ("on (T²MLR fuses R into target tokens only)" if model.get("recurrence_mask_policy") == "mask"
             else "off (every token fuses R)")
@@ -531,12 +533,9 @@ def _settings_line(plan: FinetunePlan, workers: int) -> str:
                                    if plan.task.prefill == "jacobi" else "")
     path = (f"jacobi path ({model['d_forward']}, {model['d_backward']})" if model["train_recurrence"] == "jacobi"
             else "exact path")
-    return (f"AdamW (lr {t['optim']['lr']:g}, betas {tuple(t['optim']['betas'])}, weight decay "
-            f"{t['optim']['weight_decay']:g}), {t['schedule']['warmup_steps']} warmup steps then cosine to "
-            f"{t['schedule']['min_lr_ratio']:g}× lr, batch {t['train']['global_batch_size']}, {plan.steps:,} steps, "
-            f"seed {plan.seed}; T²MLR trained on the {path}; prompt recurrence mask {mask}; evaluation: greedy, "
-            f"{plan.task.max_new_tokens} new tokens at most, batches of {t['eval']['batch_size']} left-padded prompts, "
-            f"T²MLR prefill {prefill}; "
+    return (f"{optimizer_settings(t, t['train']['global_batch_size'])}, {plan.steps:,} steps, seed {plan.seed}; "
+            f"T²MLR trained on the {path}; prompt recurrence mask {mask}; evaluation: greedy, {plan.task.max_new_tokens} "
+            f"new tokens at most, batches of {t['eval']['batch_size']} left-padded prompts, T²MLR prefill {prefill}; "
             + (f"arms trained {workers} at a time." if workers > 1 else "arms trained in turn."))
 
 

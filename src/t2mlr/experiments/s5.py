@@ -496,11 +496,12 @@ def per_n_table(results: Sequence[ModelResult]) -> list[str]:
 
 def describe(plan: S5Plan) -> list[str]:
     """The settings lines of results.md: data, models, the compute-matched steps, metrics, the preset's notes."""
+    from t2mlr.analysis.report import optimizer_settings
     from t2mlr.baselines.matching import COMPUTE_MATCHED
 
     task, cfg = plan.task, plan.arms[plan.models[0]].config if "t2mlr" not in plan.arms else plan.arms["t2mlr"].config
     t2mlr = plan.tree["model"]
-    base, optim, schedule = t2mlr["base"], plan.tree["optim"], plan.tree["schedule"]
+    base = t2mlr["base"]
     actions = ("all 120 permutations of S5" if task.num_actions is None else
                f"a fixed {task.num_actions}-element generating set of S5 (see `t2mlr.tasks.s5.generating_set`)")
     drawn = max(plan.steps(name) for name in plan.models) * cfg.train.global_batch_size
@@ -521,9 +522,7 @@ def describe(plan: S5Plan) -> list[str]:
         f"t2mlr:S-E:jacobi:F:B, on that path: see the table), evaluated on the exact path."
         + (f" Transformer: the same backbone widened to hidden {widths['transformer']}." if "transformer" in widths else "")
         + (f" LSTM: {task.lstm_layers} layers, hidden {widths['lstm']}." if "lstm" in widths else "")
-        + f" AdamW (lr {optim['lr']:g}, betas {tuple(optim['betas'])}, weight decay {optim['weight_decay']:g}), "
-        f"{schedule['warmup_steps']} warmup steps then cosine to {schedule['min_lr_ratio']:g}× lr, batch "
-        f"{cfg.train.global_batch_size}.",
+        + f" {optimizer_settings(plan.tree, cfg.train.global_batch_size)}.",
     ]
     matched = next((name for name in plan.models if (spec := arm_spec(name)) and spec.budget == COMPUTE_MATCHED), None)
     if matched is not None:
