@@ -613,7 +613,7 @@ def run(plan: FinetunePlan, out: str | Path, resume: bool = False, overwrite: bo
     tokenizer, records, facts = computed_by_main(prepare, env)
     arms, target = build_arms(plan, filled_tree(plan, tokenizer, out / "data"))
     _check_before_training(arms)
-    workers = resolve_workers(workers, len(arms), plan.tree["train"].get("device", "auto"))
+    workers = resolve_workers(workers, len(arms), env.device)
     tqdm.write(f"[finetune] training {', '.join(a.label for a in arms)} ({plan.steps:,} steps each) → {out}"
                + (f", {workers} at a time" if workers > 1 else ""))
     trained, _ = train_arms(arms, out, resume, workers)

@@ -221,7 +221,7 @@ def run(preset: str, task: PretrainTask, tree: dict[str, Any], out: str | Path, 
 
     data = computed_by_main(prepare, env)
     arms = build_arms(tree, data)
-    count = resolve_workers(workers, len(arms), tree["train"].get("device", "cpu"))
+    count = resolve_workers(workers, len(arms), env.device)
     trained, _ = train_arms(arms, out, resume=resume, workers=count)
     seconds = {name: arm.seconds for name, arm in trained.items()}
     rows = evaluate(task, arms, trained, env)

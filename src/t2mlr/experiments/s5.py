@@ -598,7 +598,7 @@ def run(preset: str, task: S5Task, tree: dict[str, Any], out: str | Path, models
     started = time.perf_counter()
     env = current_env(tree["train"].get("device", "auto"))
     experiment = computed_by_main(lambda: plan(preset, task, tree, out, models, resume, overwrite), env)
-    workers = resolve_workers(workers, len(experiment.models), tree["train"].get("device", "auto"))
+    workers = resolve_workers(workers, len(experiment.models), env.device)
     tqdm.write(f"[s5] training {', '.join(f'{label_of(n)} ({experiment.steps(n):,} steps)' for n in experiment.models)}"
                f" → {experiment.out}" + (f", {workers} at a time in worker processes" if workers > 1 else ""))
     trained, _ = train_arms(list(experiment.arms.values()), experiment.out, resume, workers)
