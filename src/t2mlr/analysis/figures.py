@@ -29,11 +29,12 @@ from matplotlib.ticker import MaxNLocator
 
 from t2mlr.training.plot import pyplot, save_figure
 
-plt = pyplot()
+plt = pyplot()  # files only (Agg): works on headless machines and in tests
 
 __all__ = ["plot_accuracy_by_depth", "plot_accuracy_over_seeds", "plot_accuracy_vs_length", "plot_cosine_grid",
            "plot_gates", "plot_gradient_fidelity", "plot_jacobi_depths", "plot_jacobi_vs_exact", "plot_loss_curves",
            "plot_pass_at_1", "plot_placement", "plot_probes", "plot_retrofit"]
+
 
 def plot_gradient_fidelity(rows: Sequence[Any], anchor: Any, path: str | Path, title: str = "") -> Path:
     """Three panels over d_forward (log2 axis): cosine, relative l2, seconds; one line per d_backward."""
