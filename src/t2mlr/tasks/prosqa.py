@@ -39,6 +39,7 @@ import random
 import re
 from collections import deque
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from t2mlr.tasks.jsonl import read_jsonl, write_jsonl
@@ -101,11 +102,14 @@ class _Dag:
         return dist
 
 
+@dataclass(frozen=True)
 class _Spec:
     """The fixed roles of one sample's graph: root, gold path, both options."""
 
-    def __init__(self, root: int, correct: int, wrong: int, path_len: int) -> None:
-        self.root, self.correct, self.wrong, self.path_len = root, correct, wrong, path_len
+    root: int
+    correct: int
+    wrong: int
+    path_len: int
 
 
 def _edge_allowed(dag: _Dag, spec: _Spec, u: int, w: int) -> bool:
