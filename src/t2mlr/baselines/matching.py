@@ -303,7 +303,7 @@ class ModelSpec:
     @property
     def name(self) -> str:
         """The spelling `parse_model_spec` reads back, e.g. "looped:9-22:3", "t2mlr:1-2:jacobi:16:4"."""
-        return _SPEC_FORMS[self.kind][0].format(**vars(self)) + self._suffix(":")
+        return _SPEC_FORMS[self.kind][0].format(**vars(self)) + self._name_suffix()
 
     @property
     def dir_name(self) -> str:
@@ -325,13 +325,13 @@ class ModelSpec:
             return {"train_recurrence": "exact"}
         return {"train_recurrence": "jacobi", "d_forward": self.d_forward, "d_backward": self.d_backward}
 
-    def _suffix(self, sep: str) -> str:
+    def _name_suffix(self) -> str:
         if self.budget is not None:
-            return f"{sep}{self.budget}"
+            return f":{self.budget}"
         if self.train_recurrence == "exact":
-            return f"{sep}exact"
+            return ":exact"
         if self.train_recurrence == "jacobi":
-            return f"{sep}jacobi{sep}{self.d_forward}{sep}{self.d_backward}"
+            return f":jacobi:{self.d_forward}:{self.d_backward}"
         return ""
 
     def _label_suffix(self) -> str:
