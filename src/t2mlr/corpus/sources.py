@@ -30,6 +30,7 @@ from __future__ import annotations
 import bisect
 import glob
 import gzip
+import itertools
 import json
 import os
 import re
@@ -112,10 +113,14 @@ def resolve_inputs(inputs: str | os.PathLike[str] | Sequence[str | os.PathLike[s
     return files
 
 
+def _is_glob(spec: str) -> bool:
+    return any(char in spec for char in "*?[")
+
+
 def _resolve_one(spec: str) -> list[InputFile]:
     if spec.startswith(HUB_PREFIX):
         return _resolve_hub(spec[len(HUB_PREFIX):], spec)
-    if any(char in spec for char in "*?["):
+    if _is_glob(spec):
         matches = sorted(p for p in glob.glob(spec, recursive=True) if os.path.isfile(p))
         if not matches:
             raise CorpusError(f"the glob {spec!r} matches no file")
@@ -163,7 +168,7 @@ def _resolve_hub(hub_path: str, spec: str) -> list[InputFile]:
 
     fs = HfFileSystem()
     try:
-        if any(char in hub_path for char in "*?["):
+        if _is_glob(hub_path):
             listing = fs.glob(hub_path, detail=True)
         else:
             listing = fs.find(hub_path, detail=True)
@@ -181,7 +186,7 @@ def _resolve_hub(hub_path: str, spec: str) -> list[InputFile]:
     if not files:
         raise CorpusError(f"hub dataset {spec!r} holds no {'/'.join(FORMATS)} file")
     held_out = [f.path for f in files if _looks_held_out(f.path)]
-    if held_out and not any(char in hub_path for char in "*?["):
+    if held_out and not _is_glob(hub_path):
         raise CorpusError(
             f"hub dataset {spec!r} also holds evaluation files ({', '.join(held_out[:3])}); choose the training "
             f"files with an hf:// glob, e.g. hf://datasets/{hub_path.removeprefix('datasets/')}/<path>/train-*.parquet"
@@ -404,9 +409,8 @@ def _read_parquet(file: InputFile, cursor: Cursor, text_field: str) -> Iterator[
 
     parquet = _open_parquet(file)
     is_binary = _check_text_column(parquet, file, text_field)
-    group_starts = [0]
-    for group in range(parquet.metadata.num_row_groups):
-        group_starts.append(group_starts[-1] + parquet.metadata.row_group(group).num_rows)
+    group_rows = (parquet.metadata.row_group(group).num_rows for group in range(parquet.metadata.num_row_groups))
+    group_starts = list(itertools.accumulate(group_rows, initial=0))
     first_group = max(0, bisect.bisect_right(group_starts, cursor.offset) - 1)
     row, documents, skipped = group_starts[first_group], cursor.documents, cursor.skipped_empty
     groups = range(first_group, parquet.metadata.num_row_groups)

@@ -410,7 +410,7 @@ def _run(stream: DocumentStream, limit: int | None, batch_chars: int, shards: _S
     batches = _batches(stream, limit, batch_chars)
     last: Cursor | None = None
     started, new_tokens = time.perf_counter(), 0
-    bar = tqdm(total=None if limit is None else limit, unit="doc", unit_scale=True, desc="tokenize",
+    bar = tqdm(total=limit, unit="doc", unit_scale=True, desc="tokenize",
                disable=not progress, dynamic_ncols=True)
     try:
         while True:
