@@ -94,10 +94,10 @@ def prefill_overrides(args: argparse.Namespace, config: Any) -> dict[str, Any]:
     """The `--hf-overrides` entries of --prefill/--prefill-depth/--prefill-tol (checked as generate() checks them)."""
     from .options import PrefillChoice
 
-    if args.prefill is None and args.prefill_depth is None and args.prefill_tol is None:
-        return {}
     fields = {"t2mlr_prefill": args.prefill, "t2mlr_prefill_depth": args.prefill_depth,
               "t2mlr_prefill_tol": args.prefill_tol}
+    if all(value is None for value in fields.values()):
+        return {}
     probe = argparse.Namespace(d_forward=config.d_forward, **fields)
     return PrefillChoice.from_config(probe).overrides()
 
