@@ -177,8 +177,10 @@ def zero_shot_row(label: str, results: Mapping[str, Any], tasks: Sequence[ZeroSh
         raise ValueError(f"{label}: the lm-eval results lack {', '.join(missing)}")
     config = results.get("config", {})
     recurrence = config.get("t2mlr_recurrence")
-    path = {None: "unknown", "none": "plain (no recurrence)", "exact": "exact"}.get(
-        recurrence, f"jacobi (d_forward {config.get('t2mlr_d_forward')})" if recurrence == "jacobi" else str(recurrence))
+    if recurrence == "jacobi":
+        path = f"jacobi (d_forward {config.get('t2mlr_d_forward')})"
+    else:
+        path = {None: "unknown", "none": "plain (no recurrence)", "exact": "exact"}.get(recurrence, str(recurrence))
     limit = config.get("limit")
     return {"checkpoint": label, "path": path, **scores, "Average": sum(scores.values()) / len(scores),
             "limit": limit, "samples": {task.name: results.get("n-samples", {}).get(task.name, {}).get("effective")
