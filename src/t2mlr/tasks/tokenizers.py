@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -203,11 +204,7 @@ def build_task_tokenizer(texts: Iterable[str], phrases: Sequence[str] = (), syll
 
     `max_words` keeps the most frequent training words only (rare words fall back to characters)."""
     texts = list(texts)
-    counts: dict[str, int] = {}
-    for text in texts:
-        for word in word_vocab_from_texts([text]):
-            if len(word) > 1:
-                counts[word] = counts.get(word, 0) + 1
+    counts = Counter(word for text in texts for word in word_vocab_from_texts([text]) if len(word) > 1)
     words = sorted(counts, key=lambda w: (-counts[w], w))[:max_words]
     characters = sorted({c for text in texts for c in text})
     pairs = [c + v for c, v in itertools.product(_CONSONANTS, _VOWELS)] if syllables else []
