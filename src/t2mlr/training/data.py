@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Sampler
 from tqdm.auto import tqdm
 
@@ -104,9 +105,7 @@ class PackedTokenDataset(Dataset):
         starts = torch.from_numpy(self.doc_starts[lo:hi].copy())
         starts[0] = True
         positions = positions_within_documents(starts)
-        labels = ids.clone()
-        labels[starts] = IGNORE_INDEX
-        return {"input_ids": ids, "position_ids": positions, "labels": labels}
+        return {"input_ids": ids, "position_ids": positions, "labels": ids.masked_fill(starts, IGNORE_INDEX)}
 
 
 def pack_documents(documents: Iterable[Sequence[int]], seq_len: int, source: str | None = None) -> PackedTokenDataset:
@@ -440,9 +439,7 @@ def _pad_value(key: str, pad_token_id: int) -> int:
 
 
 def _pad(tensor: torch.Tensor, width: int, value: int) -> torch.Tensor:
-    if tensor.numel() == width:
-        return tensor
-    return torch.cat([tensor, torch.full((width - tensor.numel(),), value, dtype=tensor.dtype)])
+    return F.pad(tensor, (0, width - tensor.numel()), value=value)
 
 
 def count_targets(batch: dict[str, torch.Tensor]) -> int:

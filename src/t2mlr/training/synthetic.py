@@ -69,6 +69,5 @@ class SyntheticChainDataset(Dataset):
             pos += length
         ids = torch.from_numpy(tokens)
         start_mask = torch.from_numpy(starts)
-        labels = ids.clone()
-        labels[start_mask] = IGNORE_INDEX
+        labels = ids.masked_fill(start_mask, IGNORE_INDEX)
         return {"input_ids": ids, "position_ids": positions_within_documents(start_mask), "labels": labels}
