@@ -31,6 +31,7 @@ def retrofit_to_directory(
     **recurrence: Any,
 ) -> dict[str, Any]:
     """Retrofit `source` as T²MLR(l_start, l_end) and save it with its tokenizer into `out`; returns a summary."""
+    from t2mlr.baselines.matching import count_parameters
     from t2mlr.model import T2MLRConfig, T2MLRForCausalLM
     from t2mlr.model.pretrained import (
         load_pretrained_base,
@@ -46,19 +47,20 @@ def retrofit_to_directory(
     T2MLRConfig.from_base(load_pretrained_config(resolved), l_start=l_start, l_end=l_end, **recurrence)  # checks only
     start = time.perf_counter()
     base, tokenizer = load_pretrained_base(resolved)
-    base_parameters = sum(p.numel() for p in base.parameters())
+    base_parameters = count_parameters(base)
     model = T2MLRForCausalLM.from_base(base, l_start, l_end, **recurrence)
     staging = out.with_name(out.name + ".tmp")
     shutil.rmtree(staging, ignore_errors=True)
     model.save_pretrained(staging)
     tokenizer.save_pretrained(str(staging))
     staging.rename(out)
+    parameters = count_parameters(model)
     return {
         "out": str(out),
         "source": source,
         "layers": model.config.num_layers,
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "new_parameters": sum(p.numel() for p in model.parameters()) - base_parameters,
+        "parameters": parameters,
+        "new_parameters": parameters - base_parameters,
         "seconds": time.perf_counter() - start,
     }
 

@@ -30,6 +30,7 @@ import torch
 import yaml
 from tqdm.auto import tqdm
 
+from t2mlr.baselines.matching import count_parameters
 from t2mlr.model import is_t2mlr
 from t2mlr.model.pretrained import (
     IncompatibleBaseError,
@@ -261,9 +262,8 @@ class Trainer:
 
     def _log_setup(self) -> None:
         t, env = self.cfg.train, self.env
-        n_params = sum(p.numel() for p in self.model.parameters())
         accum = t.global_batch_size // (t.micro_batch_size * env.world_size)
-        log.info("model: %s, %.2fM parameters", type(self.model).__name__, n_params / 1e6)
+        log.info("model: %s, %.2fM parameters", type(self.model).__name__, count_parameters(self.model) / 1e6)
         log.info("train forward path: %s (the model's choice)", describe_path(self.model, True))
         log.info("eval forward path: %s (the model's choice%s)",
                  describe_path(self.model, False, self.eval_overrides.get("recurrence")),
