@@ -566,7 +566,7 @@ def _gib(value: float) -> str:
 
 def _table_lines(run: RunSize) -> list[str]:
     plan, memory, gpu = run.plan, run.memory, run.gpu
-    mode = {"fsdp": "FSDP2", "ddp": "DDP"}.get(plan.parallel, "one process") if plan.devices > 1 else "one process"
+    mode = {"fsdp": "FSDP2", "ddp": "DDP"}.get(plan.parallel, "one process")  # plan_for: "none" on one device
     precision = "bf16 autocast, fp32 weights and AdamW state" if plan.precision == "bf16" else "fp32 throughout"
     lines = [
         f"t2mlr train {run.config} --dry-run: {plan.devices} × {gpu.label}, {mode}",
@@ -601,7 +601,7 @@ def _table_lines(run: RunSize) -> list[str]:
     peak = gpu.peak_flops(plan.precision)
     lines += [
         (f"  step time         {run.step_seconds:.3f} s at MFU {run.mfu:.0%} of {peak / 1e12:,.1f} TFLOP/s "
-         f"({'bf16' if plan.precision == 'bf16' else 'fp32'} dense peak) per device"),
+         f"({plan.precision} dense peak) per device"),
         (f"  run               {run.max_steps:,} steps: {run.step_seconds * run.max_steps / 3600:,.2f} h wall, "
          f"{run.gpu_hours:,.1f} GPU-hours"),
         "launch",
