@@ -125,7 +125,6 @@ ARCHITECTURES: dict[str, Architecture] = {
     "pause": _wrapper_architecture(
         "pause", "pause tokens: `pauses` after every real token, pauses: 1 is ×2 (PauseConfig fields)",
         PauseForCausalLM,
-        checkpointing_refusal=lambda settings: _NO_REPEATED_BLOCKS,
     ),
     "transformer": Architecture(
         "transformer", "the base model itself (no settings; the LSTM and matched baselines are base configs)",
