@@ -222,13 +222,13 @@ def _offline_pretrained_config(source: str, gguf_file: str | None) -> tuple[Pret
     try:
         return load_pretrained_config(source, gguf_file, local_files_only=True), None
     except HubUnavailableError as err:
-        published = _published_shapes().get(source)
-        if published is None:
+        published = _published_shapes()
+        if source not in published:
             raise SizingError(f"model.pretrained {source!r} is not available offline and its shape is not in the "
-                              f"table of published configs ({', '.join(sorted(_published_shapes()))}): pass a local "
+                              f"table of published configs ({', '.join(sorted(published))}): pass a local "
                               "directory or .gguf file (only its config is read)") from err
-        return published, (f"model.pretrained {source} is not in the local hub cache: sized from its published "
-                           "config (no download)")
+        return published[source], (f"model.pretrained {source} is not in the local hub cache: sized from its "
+                                   "published config (no download)")
 
 
 def sizing_base_config(model_cfg: ModelConfig) -> tuple[PretrainedConfig, str | None]:
