@@ -457,10 +457,10 @@ class Trainer:
         state = TrainerState(step=self.step, tokens_seen=self.tokens_seen, world_size=self.env.world_size,
                              global_batch_size=self.cfg.train.global_batch_size, step_seconds=self.step_seconds,
                              **cpu_arithmetic())
-        extra = {CONFIG_FILE: yaml.safe_dump(self.cfg.to_dict(), sort_keys=False)}
-        model_config = getattr(self.model, "config", None)
-        if model_config is not None:  # config.json + model.safetensors: `from_pretrained(checkpoint_dir)` works
-            extra["config.json"] = model_config.to_json_string()
+        extra = {
+            CONFIG_FILE: yaml.safe_dump(self.cfg.to_dict(), sort_keys=False),
+            "config.json": self.model.config.to_json_string(),  # with model.safetensors: from_pretrained works
+        }
         path = self.checkpoints.save(self.wrapped, self.optimizer, self.scheduler, state, extra_files=extra,
                                      write_extra=self._write_model_files)
         self.last_checkpoint = path
