@@ -288,9 +288,12 @@ def build_arms(plan: FinetunePlan, tree: dict[str, Any]) -> tuple[list[Arm], int
         elif start.kind == "scratch":
             arms.append(matched_arm(tree, spec.name, spec, label, directory=spec.dir_name))
         else:
-            model = (_shape_model(spec, tree["model"]["base"], settings) if start.kind == "shape" else
-                     _model_from_checkpoint(spec, start.checkpoints[spec.name], settings) if start.kind == "from"
-                     else _retrofit_model(spec, str(start.model), settings))
+            if start.kind == "shape":
+                model = _shape_model(spec, tree["model"]["base"], settings)
+            elif start.kind == "from":
+                model = _model_from_checkpoint(spec, start.checkpoints[spec.name], settings)
+            else:
+                model = _retrofit_model(spec, str(start.model), settings)
             arms.append(Arm(spec.name, label, config_from_tree({**tree, "model": model}), directory=spec.dir_name))
     if start.kind != "scratch":
         return arms, None

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from functools import partial
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the heavy imports happen when the command runs, not when the CLI starts

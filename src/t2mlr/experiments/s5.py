@@ -538,11 +538,11 @@ def finish(plan: S5Plan, trained: Mapping[str, TrainedArm], started: float, work
            failures: Mapping[str, str] | None = None, env: DistEnv | None = None) -> list[ModelResult]:
     """Evaluate the trained models and write results.md, results.json and accuracy_vs_length.png (under
     torchrun, `env`: every rank evaluates its share, rank 0 writes)."""
-    import torch
     from tqdm.auto import tqdm
 
     from t2mlr.analysis.figures import plot_accuracy_vs_length
     from t2mlr.analysis.report import minutes, write_result
+    from t2mlr.utils import cpu_arithmetic
 
     results, device = evaluate(plan, trained, env)
     if env is not None and not env.is_main:
@@ -552,7 +552,7 @@ def finish(plan: S5Plan, trained: Mapping[str, TrainedArm], started: float, work
         plot_accuracy_vs_length(curves, plan.task.train_n, plan.out / FIGURE,
                                 title=f"S5-Retrieval ({plan.preset} preset, seed {plan.seed})")
     wall = time.perf_counter() - started
-    cpu_kernels = torch.backends.cpu.get_cpu_capability()
+    cpu_kernels = cpu_arithmetic()["cpu_kernels"]
     schedule = ("the models trained one after another" if workers <= 1 else
                 f"the models trained {workers} at a time in worker processes, so their training times overlap")
     failures = dict(failures or {})

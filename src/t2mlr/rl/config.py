@@ -19,8 +19,7 @@ from t2mlr.training.config import (
     to_plain,
 )
 
-__all__ = ["GrpoConfig", "GrpoSettings", "RlEvalConfig", "RlLoopConfig", "TaskConfig", "check_grpo_before_loading",
-           "grpo_config_tree"]
+__all__ = ["GrpoConfig", "GrpoSettings", "RlEvalConfig", "RlLoopConfig", "TaskConfig", "check_grpo_before_loading"]
 
 
 @dataclass
@@ -93,13 +92,8 @@ class GrpoConfig:
         return to_plain(self)
 
 
-def grpo_config_tree(name_or_path: str | Path, overrides: list[str] | None = None) -> dict[str, Any]:
-    """A YAML file or preset (configs/) with dotted overrides applied, as a plain tree (the trainer's loader)."""
-    return load_tree(name_or_path, overrides)
-
-
 def check_grpo_before_loading(name_or_path: str | Path, overrides: list[str] | None = None) -> None:
     """Every key and type but the `model:` section's (the architecture's keys, read from the model's config
     class), before torch loads: a typo is reported in a fraction of a second."""
-    tree = grpo_config_tree(name_or_path, overrides)
+    tree = load_tree(name_or_path, overrides)
     from_dict(GrpoConfig, {key: value for key, value in tree.items() if key != "model"})

@@ -30,9 +30,9 @@ from typing import Any
 
 import yaml
 
-from t2mlr.rl.config import GrpoConfig, GrpoSettings, grpo_config_tree
+from t2mlr.rl.config import GrpoConfig, GrpoSettings
 from t2mlr.rl.tasks import TASKS, VerifiableTask, build_task
-from t2mlr.training.config import ConfigError, changed_settings, from_dict
+from t2mlr.training.config import ConfigError, changed_settings, from_dict, load_tree
 
 log = logging.getLogger("t2mlr.rl.grpo")
 
@@ -46,7 +46,7 @@ CURVE_FILE = "reward.png"
 # ------------------------------------------------------------------------------------------- config
 def load_grpo_config(name_or_path: str | Path, overrides: list[str] | None = None) -> GrpoConfig:
     """A YAML file or preset (configs/), with dotted overrides; unknown keys and bad values fail here."""
-    cfg = from_dict(GrpoConfig, grpo_config_tree(name_or_path, overrides))
+    cfg = from_dict(GrpoConfig, load_tree(name_or_path, overrides))
     validate_grpo(cfg)
     return cfg
 

@@ -103,7 +103,8 @@ def replace_text_atomic(path: Path, text: str) -> None:
 def write_manifest(directory: Path) -> None:
     """Record size and SHA-256 of every file below `directory`; the manifest itself is written last."""
     files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST_FILE)
-    entries = {p.relative_to(directory).as_posix(): {"size": p.stat().st_size, "sha256": sha256_of_file(p)} for p in files}
+    entries = {p.relative_to(directory).as_posix(): {"size": p.stat().st_size, "sha256": sha256_of_file(p)}
+               for p in files}
     replace_text_atomic(directory / MANIFEST_FILE, json.dumps({"format": 1, "files": entries}, indent=1))
 
 
