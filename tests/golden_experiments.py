@@ -17,14 +17,23 @@ it): avx512 on an AVX512 machine, avx2 on the same machine with AVX2 forced by `
 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2` (which reproduced an AVX2 machine's ProsQA-Hard run to
 the last generated token: results/finetune_cpu/prosqa-hard_reproduction/).
 
+The markdown reports (results.md, the analyses' .md, the study's README.md) are compared too, line by line,
+against `<name>.reports.json` beside each run's fixture, with what is measured rather than computed masked
+(`masked_report`: the cells of timed table columns, durations and ratios in the text, a choice made by
+measured time). They were recorded later than the rest, by 256f06a (after the restructuring; its reports had
+been checked by hand against the code before it, identical once times and paths were masked), for each kernel
+set in the same way.
+
 Recording (only when a change of the numbers is intended, and said so in the commit; for each kernel set):
 
-    PYTHONPATH=src python tests/golden_experiments.py --write [NAME ...]
+    PYTHONPATH=src python tests/golden_experiments.py --write [NAME ...]           # json, jsonl and yaml
+    PYTHONPATH=src python tests/golden_experiments.py --write-reports [NAME ...]   # the markdown reports
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import hashlib
 import json
 import math
@@ -64,6 +73,11 @@ ECHO_MOVED = {"batch_size", "betas", "checkpoint_every", "d_backward", "d_forwar
 # tests): the finetune's per-arm torch thread counts (test_experiment_finetune.py).
 GAINED = {"train_threads", "eval_threads"}
 SKIPPED_DIRS = {"checkpoints", "final", "base", "base.tmp", "tokenizer", "train_shards", "validation_shards", "english"}
+# In a markdown report: a table column whose header says it holds measured times (or ratios of them, "× ..."),
+# a duration or a ratio in the text, and a line whose content is chosen by measured time.
+TIMED_COLUMN = re.compile(r"time|second|minute|\bmin\b|\(s\b|ms/|^×")
+MEASURED = re.compile(r"\b\d[\d,]*(?:\.\d+)?(?: ?(?:ms|min|s|h)\b|×)")
+CHOSEN_BY_TIME = re.compile(r"^Cheapest setting")
 SKIPPED_FILES = {"train_time.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                  "generation_config.json"}
 
@@ -182,12 +196,12 @@ RUNS = (
 # ---------------------------------------------------------------------------------------------- reading back
 
 
-def _files(out: Path) -> Iterator[Path]:
+def _files(out: Path, suffixes: tuple[str, ...] = (".json", ".jsonl", ".yaml")) -> Iterator[Path]:
     for path in sorted(out.rglob("*")):
         relative = path.relative_to(out)
         if any(part in SKIPPED_DIRS for part in relative.parts[:-1]) or not path.is_file():
             continue
-        if path.name in SKIPPED_FILES or path.suffix not in (".json", ".jsonl", ".yaml"):
+        if path.name in SKIPPED_FILES or path.suffix not in suffixes:
             continue
         yield path
 
@@ -223,6 +237,35 @@ def collect(out: Path, root: Path) -> dict[str, Any]:
         relative = str(path.relative_to(out))
         found[relative] = content if len(text) <= LARGE_FILE else {"sha256": hashlib.sha256(text.encode()).hexdigest()}
     return found
+
+
+def masked_report(text: str, root: str) -> list[str]:
+    """A markdown report's lines with what is measured, not computed, replaced by `<measured>`: every cell of a
+    table column whose header names a time (`TIMED_COLUMN`), durations and ratios elsewhere (`MEASURED`), and
+    lines chosen by measured time (`CHOSEN_BY_TIME`); the run's root and the inputs' folder become placeholders.
+    Table rows are rejoined from their stripped cells, so only the cells are compared, not their padding."""
+    lines: list[str] = []
+    timed: set[int] = set()
+    in_table = False
+    for line in text.replace(root, "<root>").replace(str(INPUTS), "<inputs>").splitlines():
+        if not line.startswith("|"):
+            in_table = False
+            lines.append("<measured>" if CHOSEN_BY_TIME.match(line) else MEASURED.sub("<measured>", line))
+            continue
+        cells = [cell.strip() for cell in line.strip().strip("|").split(" | ")]
+        if not in_table:  # the header row, kept: it names the columns
+            timed = {i for i, cell in enumerate(cells) if TIMED_COLUMN.search(cell)}
+            in_table = True
+            lines.append(" | ".join(cells))
+            continue
+        lines.append(" | ".join("<measured>" if i in timed else cell for i, cell in enumerate(cells)))
+    return lines
+
+
+def collect_reports(out: Path, root: Path) -> dict[str, list[str]]:
+    """Relative path → the markdown report's masked lines."""
+    return {str(path.relative_to(out)): masked_report(path.read_text(encoding="utf-8"), str(root))
+            for path in _files(out, (".md",))}
 
 
 def as_recorded_today(recorded: dict[str, Any], found: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -270,9 +313,20 @@ def differences(recorded: Any, current: Any, where: str = "") -> list[str]:
     return []
 
 
-def run_golden(run: GoldenRun, workdir: Path) -> dict[str, Any]:
+def report_differences(recorded: dict[str, list[str]], current: dict[str, list[str]]) -> list[str]:
+    """Reports missing or new, and each changed report's differing lines (a unified diff)."""
+    out = [f"{path}: {'missing now' if path not in current else 'new (not recorded)'}"
+           for path in sorted(set(recorded) ^ set(current))]
+    for path in sorted(set(recorded) & set(current)):
+        diff = difflib.unified_diff(recorded[path], current[path], f"recorded {path}", f"now {path}", lineterm="", n=0)
+        out += list(diff)
+    return out
+
+
+def run_golden(run: GoldenRun, workdir: Path) -> tuple[dict[str, Any], dict[str, list[str]]]:
+    """Run it into `workdir`: its machine-readable outputs (`collect`) and its reports (`collect_reports`)."""
     out = run.run(workdir)
-    return collect(out, workdir)
+    return collect(out, workdir), collect_reports(out, workdir)
 
 
 def cpu_kernels() -> str:
@@ -282,25 +336,34 @@ def cpu_kernels() -> str:
     return torch.backends.cpu.get_cpu_capability()
 
 
-def fixture_path(name: str, kernels: str | None = None) -> Path:
-    """Where one run's outputs on a kernel set (default: this machine's) are recorded."""
-    return FIXTURES / (kernels or cpu_kernels()).lower() / f"{name}.json"
+def fixture_path(name: str, kernels: str | None = None, reports: bool = False) -> Path:
+    """Where one run's outputs (or, with `reports`, its masked reports) on a kernel set (default: this
+    machine's) are recorded."""
+    return FIXTURES / (kernels or cpu_kernels()).lower() / f"{name}{'.reports' if reports else ''}.json"
 
 
 def recorded_kernels() -> list[str]:
     return sorted(path.name.upper() for path in FIXTURES.iterdir() if path.is_dir() and path.name != "inputs")
 
 
-def read_fixture(name: str, kernels: str | None = None) -> dict[str, Any]:
-    """The recorded outputs of one run (a list of one-entry objects, one line per file, for readable diffs)."""
-    return {path: content for entry in json.loads(fixture_path(name, kernels).read_text(encoding="utf-8"))
-            for path, content in entry.items()}
+def read_fixture(name: str, kernels: str | None = None, reports: bool = False) -> dict[str, Any]:
+    """The recorded outputs (or reports) of one run (a list of one-entry objects, one line per file, for
+    readable diffs)."""
+    text = fixture_path(name, kernels, reports).read_text(encoding="utf-8")
+    return {path: content for entry in json.loads(text) for path, content in entry.items()}
+
+
+def write_fixture(name: str, found: dict[str, Any], reports: bool = False) -> None:
+    lines = [json.dumps({path: content}, sort_keys=True) for path, content in sorted(found.items())]
+    fixture_path(name, reports=reports).parent.mkdir(parents=True, exist_ok=True)
+    fixture_path(name, reports=reports).write_text("[\n" + ",\n".join(lines) + "\n]\n", encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="record the golden outputs of the tiny experiments")
     parser.add_argument("names", nargs="*", help="runs to record (default: all)")
     parser.add_argument("--write", action="store_true", help="write the fixtures (otherwise compare with them)")
+    parser.add_argument("--write-reports", action="store_true", help="write the markdown reports' fixtures")
     args = parser.parse_args(argv)
     import torch
 
@@ -310,16 +373,18 @@ def main(argv: list[str] | None = None) -> int:
     for run in chosen:
         workdir = Path(tempfile.mkdtemp(prefix=f"golden_{run.name}_"))
         try:
-            found = run_golden(run, workdir)
+            found, reports = run_golden(run, workdir)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
-        if args.write:
-            lines = [json.dumps({path: content}, sort_keys=True) for path, content in sorted(found.items())]
-            fixture_path(run.name).parent.mkdir(parents=True, exist_ok=True)
-            fixture_path(run.name).write_text("[\n" + ",\n".join(lines) + "\n]\n", encoding="utf-8")
-            print(f"recorded {run.name} on {cpu_kernels()} kernels: {len(found)} files")
+        if args.write or args.write_reports:
+            if args.write:
+                write_fixture(run.name, found)
+            if args.write_reports:
+                write_fixture(run.name, reports, reports=True)
+            print(f"recorded {run.name} on {cpu_kernels()} kernels: {len(found)} files, {len(reports)} reports")
             continue
         diffs = differences(as_recorded_today(read_fixture(run.name), found), found)
+        diffs += report_differences(read_fixture(run.name, reports=True), reports)
         failed += bool(diffs)
         print(f"{run.name}: {'same' if not diffs else f'{len(diffs)} differences'}")
         for line in diffs[:40]:
