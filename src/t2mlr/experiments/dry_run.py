@@ -80,16 +80,13 @@ class ExperimentSize:
         return "\n".join(_table_lines(self))
 
 
-def _gib(value: float) -> str:
-    return f"{value / 1024**3:,.2f} GiB"
-
-
 def _table_lines(size: ExperimentSize) -> list[str]:
-    first = size.sized[0].plan if size.sized else None
-    mode = {"fsdp": "FSDP2", "ddp": "DDP"}.get(first.parallel if first else "none", "one process")
+    from t2mlr.training.sizing import PARALLEL_LABELS, gib
+
+    mode = PARALLEL_LABELS[size.sized[0].plan.parallel if size.sized else "none"]
     header = ["arm", "parameters", "steps", "tokens/step", "memory/device", "FLOPs/step", "step time", "GPU-hours"]
     rows = [[a.name, f"{a.run.parameters:,}", f"{a.run.max_steps:,}", f"{a.run.tokens_per_step:,}",
-             f"{_gib(a.run.memory.peak)} {'fits' if a.run.fits else 'DOES NOT FIT'}", f"{a.run.flops_per_step:.3e}",
+             f"{gib(a.run.memory.peak)} {'fits' if a.run.fits else 'DOES NOT FIT'}", f"{a.run.flops_per_step:.3e}",
              f"{a.run.step_seconds:.3f} s", f"{a.run.gpu_hours:,.2f}"] if a.run is not None
             else [a.name, *["–"] * (len(header) - 1)] for a in size.arms]
     unsized = len(size.arms) - len(size.sized)
@@ -101,7 +98,7 @@ def _table_lines(size: ExperimentSize) -> list[str]:
     lines = [f"{size.command} --dry-run: {size.devices} × {size.gpu.label}, {mode}, MFU {size.mfu:.0%}, "
              f"{len(size.arms)} arm(s) trained in turn", line(header), *map(line, rows),
              (f"  total: {len(size.arms)} arms, {size.steps:,} steps, {size.wall_hours:,.2f} h wall, "
-              f"{size.gpu_hours:,.1f} GPU-hours (usable memory {_gib(size.gpu.usable_bytes)} per device)"
+              f"{size.gpu_hours:,.1f} GPU-hours (usable memory {gib(size.gpu.usable_bytes)} per device)"
               + (f"; {unsized} arm(s) not sized, not in the sums" if unsized else "")),
              "arms"]
     for a in size.arms:
@@ -113,10 +110,10 @@ def _table_lines(size: ExperimentSize) -> list[str]:
         lines += [(f"    {run.model}, {run.training_path}; {run.global_batch} rows × {run.seq_len} tokens (micro-batch "
                    f"{plan.micro_batch} × {plan.devices} device(s) × accumulation {plan.accumulation}), "
                    f"{'bf16 autocast' if plan.precision == 'bf16' else 'fp32'}"),
-                  (f"    memory: weights {_gib(memory.weights)}, gradients {_gib(memory.gradients)}, AdamW "
-                   f"{_gib(memory.optimizer)}, other states {_gib(memory.gathered_parameters + memory.gradient_buckets + memory.autocast_copies)}, "
-                   f"activations {_gib(memory.activations_total)}, backward peak {_gib(memory.backward_transient)}: "
-                   f"{_gib(memory.peak)}")]
+                  (f"    memory: weights {gib(memory.weights)}, gradients {gib(memory.gradients)}, AdamW "
+                   f"{gib(memory.optimizer)}, other states {gib(memory.gathered_parameters + memory.gradient_buckets + memory.autocast_copies)}, "
+                   f"activations {gib(memory.activations_total)}, backward peak {gib(memory.backward_transient)}: "
+                   f"{gib(memory.peak)}")]
     lines += ["launch", f"  {size.launch}"]
     return lines + [f"note: {note}" for note in size.notes]
 

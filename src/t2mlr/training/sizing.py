@@ -89,6 +89,7 @@ DEFAULT_MFU = 0.30  # an assumption, not a measurement: see docs/scale.md
 CONTEXT_RESERVE = 1 * GIB  # CUDA context, cuBLAS workspaces, NCCL buffers
 ALLOCATOR_HEADROOM = 0.90  # share of the rest the caching allocator can hand out before fragmentation bites
 LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3", "t2mlr_matched_llama")
+PARALLEL_LABELS = {"none": "one process", "ddp": "DDP", "fsdp": "FSDP2"}  # plan.parallel as the tables name it
 
 
 class SizingError(ConfigError):
@@ -560,13 +561,13 @@ class RunSize:
         return "\n".join(_table_lines(self))
 
 
-def _gib(value: float) -> str:
+def gib(value: float) -> str:
     return f"{value / GIB:,.2f} GiB"
 
 
 def _table_lines(run: RunSize) -> list[str]:
     plan, memory, gpu = run.plan, run.memory, run.gpu
-    mode = {"fsdp": "FSDP2", "ddp": "DDP"}.get(plan.parallel, "one process")  # plan_for: "none" on one device
+    mode = PARALLEL_LABELS[plan.parallel]  # plan_for: "none" on one device
     precision = "bf16 autocast, fp32 weights and AdamW state" if plan.precision == "bf16" else "fp32 throughout"
     lines = [
         f"t2mlr train {run.config} --dry-run: {plan.devices} × {gpu.label}, {mode}",
@@ -576,20 +577,20 @@ def _table_lines(run: RunSize) -> list[str]:
          f"(micro-batch {plan.micro_batch} × {plan.devices} device(s) × accumulation {plan.accumulation})"),
         f"  precision         {precision}",
         "memory per device",
-        f"  weights           {_gib(memory.weights)}",
-        f"  gradients         {_gib(memory.gradients)}",
-        f"  optimizer state   {_gib(memory.optimizer)}   (AdamW: two fp32 moments)",
+        f"  weights           {gib(memory.weights)}",
+        f"  gradients         {gib(memory.gradients)}",
+        f"  optimizer state   {gib(memory.optimizer)}   (AdamW: two fp32 moments)",
     ]
     optional = (("gathered params", memory.gathered_parameters, "FSDP2: root, repeated blocks, two in flight"),
                 ("DDP buckets", memory.gradient_buckets, "a second copy of the gradients"),
                 ("autocast copies", memory.autocast_copies, "bf16 casts of the linear weights"))
-    lines += [f"  {name:<17} {_gib(value)}   ({why})" for name, value, why in optional if value]
-    lines.append(f"  activations       {_gib(memory.activations_total)}   (micro-batch {plan.micro_batch})")
-    lines += [f"    {name:<40} {_gib(value)}" for name, value in memory.activations.items()]
-    lines.append(f"  backward peak     {_gib(memory.backward_transient)}   ({memory.transient_reason})")
+    lines += [f"  {name:<17} {gib(value)}   ({why})" for name, value, why in optional if value]
+    lines.append(f"  activations       {gib(memory.activations_total)}   (micro-batch {plan.micro_batch})")
+    lines += [f"    {name:<40} {gib(value)}" for name, value in memory.activations.items()]
+    lines.append(f"  backward peak     {gib(memory.backward_transient)}   ({memory.transient_reason})")
     share = memory.peak / gpu.usable_bytes
     verdict = "fits" if run.fits else "DOES NOT FIT"
-    lines.append(f"  total             {_gib(memory.peak)} of {_gib(gpu.usable_bytes)} usable "
+    lines.append(f"  total             {gib(memory.peak)} of {gib(gpu.usable_bytes)} usable "
                  f"({gpu.memory_gb:g} GB less context reserve and allocator headroom): {verdict} ({share:.0%})")
     lines += [f"  note: {note}" for note in memory.notes]
     lines += [
@@ -745,8 +746,8 @@ def _advice(cfg: TrainConfig, facts: ModelFacts, plan: Plan, kind: GpuKind) -> t
         hint = "; model.activation_checkpointing=true may help" if checkpointable else ""
         raise SizingError(
             f"does not fit on {kind.label}: even with FSDP2 over {widest} devices (the most the batches allow: "
-            f"global {cfg.train.global_batch_size} / micro {plan.micro_batch}, eval {cfg.eval.batch_size}) it needs {_gib(best.peak)} per device "
-            f"(activations {_gib(best.activations_total)}), and {_gib(kind.usable_bytes)} is usable of "
+            f"global {cfg.train.global_batch_size} / micro {plan.micro_batch}, eval {cfg.eval.batch_size}) it needs {gib(best.peak)} per device "
+            f"(activations {gib(best.activations_total)}), and {gib(kind.usable_bytes)} is usable of "
             f"{kind.memory_gb:g} GB; lower train.micro_batch_size or data.seq_len{hint}"
         )
     advice = []
