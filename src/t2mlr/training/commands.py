@@ -157,8 +157,10 @@ def run_train(args: argparse.Namespace) -> int:
     if refusal is not None:
         print(f"t2mlr train: {refusal}", file=sys.stderr)
         return 2
-    try:  # before torch loads: a typo or a bad data file is reported at once
+    try:
+        # before torch loads: a typo or a bad data file is reported at once
         check_before_loading(args.config, train_overrides(args), data_files=not args.dry_run)
+        cfg = load_config(args.config, train_overrides(args))
     except ConfigError as err:
         print(f"t2mlr train: config error: {err}", file=sys.stderr)
         return 2
@@ -168,11 +170,6 @@ def run_train(args: argparse.Namespace) -> int:
     from t2mlr.training.checkpoint import CheckpointError
     from t2mlr.training.trainer import NonFiniteLossError, train
 
-    try:
-        cfg = load_config(args.config, train_overrides(args))
-    except ConfigError as err:
-        print(f"t2mlr train: config error: {err}", file=sys.stderr)
-        return 2
     if args.dry_run:
         return run_dry_run(args, cfg)
     for flag, value in (("--stop-after", args.stop_after), ("--threads", args.threads)):
