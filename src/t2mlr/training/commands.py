@@ -221,7 +221,6 @@ def run_dry_run(args: argparse.Namespace, cfg: Any) -> int:
     """Size the run (no weights allocated) and print it; exit 2 when it cannot be sized or cannot fit."""
     import json
 
-    from t2mlr.training.config import ConfigError
     from t2mlr.training.sizing import DEFAULT_MFU, size_run
 
     extra = list(args.overrides or [])
@@ -230,7 +229,7 @@ def run_dry_run(args: argparse.Namespace, cfg: Any) -> int:
     try:
         run = size_run(cfg, args.devices or 1, args.gpu, DEFAULT_MFU if args.mfu is None else args.mfu,
                        config_name=args.config, out=args.out, extra_args=extra)
-    except (ConfigError, ValueError) as err:
+    except ValueError as err:  # a ConfigError (SizingError) included
         print(f"t2mlr train --dry-run: {err}", file=sys.stderr)
         return 2
     print(json.dumps(run.to_dict(), indent=2, default=str) if args.json else run.table())
