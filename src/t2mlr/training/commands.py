@@ -167,6 +167,8 @@ def run_train(args: argparse.Namespace) -> int:
     except DataError as err:
         print(f"t2mlr train: {err}", file=sys.stderr)
         return 2
+    import torch
+
     from t2mlr.training.checkpoint import CheckpointError
     from t2mlr.training.trainer import NonFiniteLossError, train
 
@@ -176,7 +178,9 @@ def run_train(args: argparse.Namespace) -> int:
         if value is not None and value < 1:
             print(f"t2mlr train: {flag} must be >= 1, got {value}", file=sys.stderr)
             return 2
-    torch_set_threads(choose_threads(args.threads, args.out if args.resume else None))
+    threads, why = choose_threads(args.threads, args.out if args.resume else None)
+    torch.set_num_threads(threads)
+    print(f"t2mlr train: {threads} torch CPU thread(s) ({why})", file=sys.stderr)
     try:
         result = train(cfg, args.out, resume=args.resume, stop_after=args.stop_after,
                        allow_config_change=args.allow_config_change)
@@ -249,14 +253,6 @@ def choose_threads(requested: int | None, resumed_run: str | None) -> tuple[int,
         return recorded, "the count the resumed run used"
     local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     return max(1, free_cores() // local_processes), "the cores not busy at start-up"
-
-
-def torch_set_threads(choice: tuple[int, str]) -> None:
-    import torch
-
-    threads, why = choice
-    torch.set_num_threads(threads)
-    print(f"t2mlr train: {threads} torch CPU thread(s) ({why})", file=sys.stderr)
 
 
 def run_plot(args: argparse.Namespace) -> int:
