@@ -71,10 +71,8 @@ def _joined_into(module: str) -> dict[str, list[Callable[[Any], None]]]:
 
 def _command_of(argv: Sequence[str]) -> str | None:
     """The command word of argv, if it names one (options before it are the top-level parser's)."""
-    for word in argv:
-        if not word.startswith("-"):
-            return word if word in COMMANDS else None
-    return None
+    word = next((word for word in argv if not word.startswith("-")), None)
+    return word if word in COMMANDS else None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
