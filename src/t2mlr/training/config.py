@@ -616,8 +616,8 @@ def dataset_kwargs(cfg: DataConfig) -> dict[str, Any]:
     target = dataset_callable(cfg)
     fields = signature_fields(target.__init__ if isinstance(target, type) else target)
     name = "SyntheticChainDataset" if cfg.source == "synthetic" else cfg.factory
-    takes_any = any(p.kind is p.VAR_KEYWORD for p in inspect.signature(target).parameters.values())
-    if not takes_any:
+    accepted = inspect.signature(target).parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in accepted.values()):  # a **kwargs takes any name
         check_known_names(cfg.kwargs, fields, f"keyword of {name} in data.kwargs")
     kwargs = {key: coerce_declared(value, fields[key].type, f"data.kwargs.{key}") if key in fields else value
               for key, value in cfg.kwargs.items()}
@@ -625,7 +625,6 @@ def dataset_kwargs(cfg: DataConfig) -> dict[str, Any]:
         from t2mlr.training.synthetic import SYNTHETIC_DEFAULTS
 
         kwargs = {**SYNTHETIC_DEFAULTS, **kwargs}
-    accepted = inspect.signature(target).parameters
     for key, value in (("seq_len", cfg.seq_len), ("seed", cfg.seed)):  # unless data.kwargs sets them
         if key in accepted and key not in kwargs:
             kwargs[key] = value
