@@ -497,13 +497,6 @@ def evaluate(plan: FinetunePlan, trained: TrainedArm, tokenizer: Any, records: S
 # ---------------------------------------------------------------------------------------------- report
 
 
-def task_label(task: str, variant: str | None) -> str:
-    from t2mlr.tasks.reasoning import get_task
-
-    label = get_task(task).label
-    return f"{label} ({'natural language' if variant == 'nl' else 'symbolic'})" if task == "gsm-aug" else label
-
-
 def echo(plan: FinetunePlan) -> dict[str, Any]:
     """What results.json records of the settings: the preset, seed and steps, and the task section (every
     arm's whole trainer config is its run directory's config.yaml)."""
@@ -557,6 +550,7 @@ def write_results(out: Path, plan: FinetunePlan, results: Sequence[ArmResult], f
                   device: str, workers: int, target: int | None) -> None:
     from t2mlr.analysis.figures import plot_pass_at_1
     from t2mlr.analysis.report import minutes, write_result
+    from t2mlr.tasks.reasoning import task_label
 
     task = plan.task
     label = task_label(task.name, plan.variant)
