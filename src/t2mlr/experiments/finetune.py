@@ -252,19 +252,13 @@ def _model_from_checkpoint(spec: ModelSpec, directory: str, settings: dict[str, 
     return {**section, "init_from": str(path)}
 
 
-def _retrofit_model(spec: ModelSpec, model: str, settings: dict[str, Any]) -> dict[str, Any]:
+def _retrofit_model(spec: ModelSpec, source: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+    """The arm over a pretrained source, `{"pretrained": MODEL}`, or (a dry run: the shape, no weights) over
+    `{"base": BASE}`: the arm a pretrained checkpoint of the backbone BASE would give."""
     own = {"t2mlr": lambda: {"l_start": spec.start, "l_end": spec.end, **settings},
            "looped": lambda: {"loop_blocks": spec.loop_blocks, "loops": spec.loops},
            "pause": lambda: {"pauses": spec.period - 1}}.get(spec.kind, dict)()
-    return {"arch": spec.kind, "pretrained": model, **own}
-
-
-def _shape_model(spec: ModelSpec, base: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
-    """The arm a pretrained checkpoint of the backbone `base` would give, as `_retrofit_model` builds it from a
-    pretrained source (a dry run: the shape, no weights)."""
-    model = _retrofit_model(spec, "", settings)
-    del model["pretrained"]
-    return {**model, "base": base}
+    return {"arch": spec.kind, **source, **own}
 
 
 def build_arms(plan: FinetunePlan, tree: dict[str, Any]) -> tuple[list[Arm], int | None]:
@@ -289,11 +283,11 @@ def build_arms(plan: FinetunePlan, tree: dict[str, Any]) -> tuple[list[Arm], int
             arms.append(matched_arm(tree, spec.name, spec, label, directory=spec.dir_name))
         else:
             if start.kind == "shape":
-                model = _shape_model(spec, tree["model"]["base"], settings)
+                model = _retrofit_model(spec, {"base": tree["model"]["base"]}, settings)
             elif start.kind == "from":
                 model = _model_from_checkpoint(spec, start.checkpoints[spec.name], settings)
             else:
-                model = _retrofit_model(spec, str(start.model), settings)
+                model = _retrofit_model(spec, {"pretrained": str(start.model)}, settings)
             arms.append(Arm(spec.name, label, config_from_tree({**tree, "model": model}), directory=spec.dir_name))
     if start.kind != "scratch":
         return arms, None
