@@ -504,12 +504,9 @@ def results_table(results: Sequence[ArmResult]) -> list[str]:
 
     extras = sorted({k for r in results for k in r.extra})
     head = ["arm", "parameters", "start", "steps", "tokens", "training time", "pass@1", "95% interval", *extras]
-    rows = []
-    for r in results:
-        lo, hi = r.interval
-        rows.append([r.label, f"{r.parameters:,}", r.start, f"{r.steps:,}", f"{r.tokens:,}", minutes(r.train_seconds),
-                     f"{percent(r.pass_at_1)} ({r.correct}/{r.total})", f"{percent(lo)}–{percent(hi)}",
-                     *[percent(r.extra.get(k, float("nan"))) for k in extras]])
+    rows = [[r.label, f"{r.parameters:,}", r.start, f"{r.steps:,}", f"{r.tokens:,}", minutes(r.train_seconds),
+             f"{percent(r.pass_at_1)} ({r.correct}/{r.total})", "–".join(map(percent, r.interval)),
+             *[percent(r.extra.get(k, float("nan"))) for k in extras]] for r in results]
     return table(head, rows, "lrlrrrrl" + "r" * len(extras))
 
 
@@ -633,15 +630,10 @@ def _task_table(runs: Sequence[dict[str, Any]]) -> list[str]:
     arms = list(dict.fromkeys(a["label"] for r in runs for a in r["results"]))
     rows = []
     for arm in arms:
-        cells, values = [], []
-        for run in runs:
-            found = next((a for a in run["results"] if a["label"] == arm), None)
-            if found is None:
-                cells.append("–")
-                continue
-            values.append(found["pass_at_1"])
-            lo, hi = found["interval"]
-            cells.append(f"{percent(found['pass_at_1'])} ({percent(lo)}–{percent(hi)})")
+        found = [next((a for a in run["results"] if a["label"] == arm), None) for run in runs]  # None: not in that run
+        values = [a["pass_at_1"] for a in found if a is not None]
+        cells = ["–" if a is None else f"{percent(a['pass_at_1'])} ({'–'.join(map(percent, a['interval']))})"
+                 for a in found]
         spread = f"{percent(min(values))}–{percent(max(values))}" if len(values) > 1 else "–"
         rows.append([arm, *cells, percent(sum(values) / len(values)), spread])
     head = ["arm", *[f"seed {s} pass@1 (95% interval)" for s in seeds], "mean", "seed spread"]
