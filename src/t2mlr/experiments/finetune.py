@@ -439,13 +439,11 @@ def rescore_predictions(task: str, path: str | Path) -> dict[str, float]:
     from t2mlr.tasks.jsonl import read_jsonl
     from t2mlr.tasks.reasoning import score_output
 
-    totals: dict[str, list[int]] = {}
+    verdicts: dict[str, list[bool]] = {}
     for row in read_jsonl(path):
         record = {**row.get("sample", {}), "answer": row["gold"]}
-        counts = totals.setdefault(row["arm"], [0, 0])
-        counts[0] += int(score_output(task, record, row["generated"]).correct)
-        counts[1] += 1
-    return {arm: c / n for arm, (c, n) in totals.items()}
+        verdicts.setdefault(row["arm"], []).append(score_output(task, record, row["generated"]).correct)
+    return {arm: sum(correct) / len(correct) for arm, correct in verdicts.items()}
 
 
 def evaluate(plan: FinetunePlan, trained: TrainedArm, tokenizer: Any, records: Sequence[dict[str, Any]],
