@@ -58,10 +58,6 @@ def machine_info(device: torch.device) -> dict[str, str]:
     return info
 
 
-def info_lines(info: dict[str, str]) -> str:
-    return "\n".join(f"- {key}: {value}" for key, value in info.items())
-
-
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -115,7 +111,7 @@ def print_report(title: str, info: dict[str, str], script: str, argv: Sequence[s
                  headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
     """A benchmark's result as pasted into benchmarks/RESULTS.md: title, machine, command, table."""
     print(f"\n### {title}\n")
-    print(info_lines(info))
+    print("\n".join(f"- {key}: {value}" for key, value in info.items()))
     print(f"- command: python benchmarks/{script} {' '.join(sys.argv[1:] if argv is None else argv)}\n")
     print(markdown_table(headers, rows))
 
