@@ -55,12 +55,7 @@ def inverse(p: Sequence[int]) -> Perm:
 
 def running_products(actions: Iterable[Sequence[int]]) -> list[Perm]:
     """States ``[a_1, a_1∘a_2, …]``: the targets of the state-tracking part of the task."""
-    states: list[Perm] = []
-    state = IDENTITY
-    for a in actions:
-        state = compose(state, a)
-        states.append(state)
-    return states
+    return list(itertools.accumulate(actions, compose, initial=IDENTITY))[1:]
 
 
 def index_of(p: Sequence[int]) -> int:
