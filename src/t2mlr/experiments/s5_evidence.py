@@ -532,22 +532,19 @@ def _write_train_times(place: RunPlace, path: Path) -> None:
     path.write_text(json.dumps(seconds, indent=1) + "\n", encoding="utf-8")
 
 
-def _copy_seed_files(places: Sequence[RunPlace], out: Path, report: Path) -> dict[int, dict[str, Any]]:
-    """Copy every seed's results and analyses into the report; returns each (seed, preset)'s results.json."""
-    results: dict[int, dict[str, Any]] = {}
+def _copy_seed_files(places: Sequence[RunPlace], out: Path, report: Path) -> None:
+    """Copy every seed's results and analyses into the report."""
     for place in places:
         target = report / "seeds" / f"seed_{place.seed}" / place.preset
         for name in (RESULTS_JSON, RESULTS_MD, FIGURE):
             if (place.out / name).is_file():
                 _copy(place.out / name, target / name)
         _write_train_times(place, target / TRAIN_TIMES)
-        results.setdefault(place.seed, {})[place.preset] = json.loads((place.out / RESULTS_JSON).read_text())
-    for seed in results:
+    for seed in dict.fromkeys(place.seed for place in places):
         source = _analysis_dir(out, seed)
         for path in sorted(source.rglob("*")) if source.is_dir() else []:
             if path.is_file() and path.suffix in (".json", ".md", ".png"):
                 _copy(path, report / "seeds" / f"seed_{seed}" / ANALYSES / path.relative_to(source))
-    return results
 
 
 def read_seed_results(report: Path, name: str = RESULTS_JSON) -> dict[str, dict[int, dict[str, Any]]]:
