@@ -146,6 +146,11 @@ def arm_spec(name: str) -> ModelSpec | None:
                          f"{MODEL_SPEC_FORMS}") from err
 
 
+def is_t2mlr_arm(name: str) -> bool:
+    spec = arm_spec(name)
+    return name == "t2mlr" if spec is None else spec.kind == "t2mlr"
+
+
 def label_of(name: str) -> str:
     spec = arm_spec(name)
     return LABELS[name] if spec is None else spec.label
@@ -162,10 +167,9 @@ def steps_of(task: S5Task, t2mlr_steps: int, name: str) -> int:
     and T²MLR's steps times the measured step-time ratio for `transformer:compute-matched`."""
     from t2mlr.baselines.matching import COMPUTE_MATCHED
 
-    spec = arm_spec(name)
-    if (spec is None and name == "t2mlr") or (spec is not None and spec.kind == "t2mlr"):
+    if is_t2mlr_arm(name):
         return t2mlr_steps
-    if spec is not None and spec.budget == COMPUTE_MATCHED:
+    if (spec := arm_spec(name)) is not None and spec.budget == COMPUTE_MATCHED:
         if task.compute_matched_ratio is None:
             raise ValueError("this preset has no measured training-compute ratio (task.compute_matched_ratio), so "
                              "it cannot train transformer:compute-matched")
@@ -209,7 +213,7 @@ def build_arms(task: S5Task, tree: dict[str, Any], models: Sequence[str], keep_a
         if name in keep_all_checkpoints:
             overrides.append("checkpoint.keep_last=null")
         common = {"directory": run_dir_name(name), "threads": task.torch_threads}
-        if name == "t2mlr" or (spec is not None and spec.kind == "t2mlr"):
+        if is_t2mlr_arm(name):
             if spec is not None:
                 overrides += [f"model.l_start={spec.start}", f"model.l_end={spec.end}",
                               *(f"model.{key}={value}" for key, value in spec.path_settings().items())]

@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any
 
 from t2mlr.analysis.report import table, write_result
 from t2mlr.experiments import s5
-from t2mlr.experiments.s5 import FIGURE, RESULTS_JSON, RESULTS_MD, arm_spec, label_of, run_dir_name
+from t2mlr.experiments.s5 import FIGURE, RESULTS_JSON, RESULTS_MD, arm_spec, is_t2mlr_arm, label_of, run_dir_name
 
 if TYPE_CHECKING:
     from t2mlr.experiments.s5 import S5Plan
@@ -97,11 +97,6 @@ DESIGNS: dict[str, tuple[Variant, ...]] = {
 }
 COSTS_DIR = "costs"
 TRAIN_TIMES = "train_time.json"  # per seed and preset: arm -> optimizer-step seconds
-
-
-def is_t2mlr_arm(name: str) -> bool:
-    spec = arm_spec(name)
-    return name == "t2mlr" if spec is None else spec.kind == "t2mlr"
 
 
 @dataclass(frozen=True)
