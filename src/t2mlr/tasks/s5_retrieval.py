@@ -218,10 +218,8 @@ def _infer_k(dict_part: Sequence[str]) -> int:
     """K is the number of value symbols after the first key (the layout is key, K values, key…)."""
     if not dict_part or not is_perm_token(dict_part[0]):
         raise ValueError("input must start with a dictionary key token like <A_12345>")
-    for i in range(1, len(dict_part)):
-        if is_perm_token(dict_part[i]):
-            return i - 1
-    return len(dict_part) - 1
+    second_key = next((i for i in range(1, len(dict_part)) if is_perm_token(dict_part[i])), len(dict_part))
+    return second_key - 1
 
 
 def _parse_dictionary(dict_part: Sequence[str], k: int) -> dict[Perm, list[str]]:
