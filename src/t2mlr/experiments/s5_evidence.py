@@ -333,10 +333,6 @@ def mid_checkpoint(run_dir: Path, max_steps: int) -> Path | None:
     return max(first_half)[1] if first_half else None
 
 
-def _analysis_dir(out: Path, seed: int) -> Path:
-    return seed_dir(out, seed) / ANALYSES
-
-
 def _gates(runs: Sequence[StudyRun], out: Path, seed: int) -> None:
     from t2mlr.analysis.gates import run_gates
 
@@ -344,7 +340,7 @@ def _gates(runs: Sequence[StudyRun], out: Path, seed: int) -> None:
     labels = {run.plan.out / run_dir_name(arm): f"{run.plan.preset}: {label_of(arm)}" for run in runs
               for arm in run.place.t2mlr_arms if (run.plan.out / run_dir_name(arm) / "metrics.jsonl").is_file()}
     if labels:
-        run_gates(list(labels), _analysis_dir(out, seed) / "gates", list(labels.values()))
+        run_gates(list(labels), seed_dir(out, seed) / ANALYSES / "gates", list(labels.values()))
 
 
 def _gradient_fidelity(run: StudyRun, out: Path) -> None:
@@ -363,7 +359,7 @@ def _gradient_fidelity(run: StudyRun, out: Path) -> None:
             checkpoints = {"mid": (mid, [PAPER_ANCHOR]), **checkpoints}
         for when, (checkpoint, anchors) in checkpoints.items():
             for anchor in anchors:
-                target = _analysis_dir(out, run.seed) / "gradient_fidelity" / f"{run_dir.name}_{when}_{anchor[0]}"
+                target = seed_dir(out, run.seed) / ANALYSES / "gradient_fidelity" / f"{run_dir.name}_{when}_{anchor[0]}"
                 if (target / "gradient_fidelity.json").is_file():
                     continue
                 tqdm.write(f"[s5-evidence] gradient fidelity: seed {run.seed}, {arm}, {when} ({checkpoint.name}), "
@@ -380,7 +376,7 @@ def _jacobi_depths(run: StudyRun, out: Path) -> None:
 
     for arm, run_dir in _finished_t2mlr_arms(run):
         final = run_dir / FINAL_DIR
-        target = _analysis_dir(out, run.seed) / "jacobi_depths" / f"{run.plan.preset}_{run_dir.name}"
+        target = seed_dir(out, run.seed) / ANALYSES / "jacobi_depths" / f"{run.plan.preset}_{run_dir.name}"
         if not (target / "jacobi_depths.json").is_file():
             run_jacobi_depths(final, TRAINING_DATA, target, depths=EVAL_DEPTHS, rows=FIDELITY_ROWS, device="cpu")
         em_file = target / "s5_eval_by_path.json"
@@ -536,7 +532,7 @@ def _copy_seed_files(places: Sequence[RunPlace], out: Path, report: Path) -> Non
                 _copy(place.out / name, target / name)
         _write_train_times(place, target / TRAIN_TIMES)
     for seed in dict.fromkeys(place.seed for place in places):
-        source = _analysis_dir(out, seed)
+        source = seed_dir(out, seed) / ANALYSES
         for path in sorted(source.rglob("*")) if source.is_dir() else []:
             if path.is_file() and path.suffix in (".json", ".md", ".png"):
                 _copy(path, report / "seeds" / f"seed_{seed}" / ANALYSES / path.relative_to(source))
