@@ -47,10 +47,7 @@ def compose(p: Sequence[int], q: Sequence[int]) -> Perm:
 def inverse(p: Sequence[int]) -> Perm:
     """The permutation ``r`` with ``compose(p, r) == compose(r, p) == IDENTITY``."""
     p = validate_perm(p)
-    inv = [0] * DEGREE
-    for x, image in enumerate(p, start=1):
-        inv[image - 1] = x
-    return tuple(inv)
+    return tuple(p.index(x) + 1 for x in IDENTITY)  # r(x): the point that p sends to x
 
 
 def running_products(actions: Iterable[Sequence[int]]) -> list[Perm]:
