@@ -311,9 +311,6 @@ FIDELITY_ROWS = 64  # one training batch of the cpu preset
 JACOBI_GAP_POINTS = 3.0  # issue #35: Jacobi (16, 4) within 3 points of exact training on the training lengths
 
 
-# ---------------------------------------------------------------------------------------------- analyses
-
-
 def _finished_t2mlr_arms(run: StudyRun) -> Iterator[tuple[str, Path]]:
     """Each T²MLR arm of the run that finished training, with its run directory."""
     from t2mlr.training.trainer import FINAL_DIR
