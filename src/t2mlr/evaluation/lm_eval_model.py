@@ -33,10 +33,10 @@ import lm_eval.models  # noqa: F401  (registers lm-eval's own models: the regist
 import torch
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
-from torch import nn
 
 import t2mlr.baselines  # noqa: F401  (registers the baselines' model types, so saved baselines load here too)
 import t2mlr.model.modeling  # noqa: F401  (registers the "t2mlr" model type with the Auto classes)
+from t2mlr.generation.text import underlying
 from t2mlr.model import is_t2mlr
 from t2mlr.model.configuration import check_depths
 
@@ -64,12 +64,6 @@ def check_eval_path(recurrence: str, d_forward: int | None) -> None:
     check_depths(d_forward, 1)
 
 
-def unwrapped(model: nn.Module) -> nn.Module:
-    """The transformers model under a PEFT wrapper (`peft=...` in the model args), else the model itself."""
-    get_base_model = getattr(model, "get_base_model", None)
-    return get_base_model() if callable(get_base_model) else model
-
-
 @register_model("t2mlr")
 class T2MLRLM(HFLM):
     """lm-eval's HFLM on an explicitly chosen T²MLR path (see the module docstring)."""
@@ -84,7 +78,7 @@ class T2MLRLM(HFLM):
         check_eval_path(recurrence, d_forward)
         kwargs.setdefault("backend", "causal")
         super().__init__(pretrained=pretrained, device=device or "auto", **kwargs)
-        model = unwrapped(self.model)
+        model = underlying(self.model)  # the transformers model, under a PEFT wrapper (`peft=...` in the model args)
         self.recurrent = is_t2mlr(model)
         if not self.recurrent and (recurrence != "exact" or d_forward is not None):
             raise ValueError(
@@ -105,7 +99,7 @@ class T2MLRLM(HFLM):
     @property
     def path_description(self) -> str:
         if not self.recurrent:
-            return f"plain causal LM ({type(unwrapped(self.model)).__name__}, no recurrence)"
+            return f"plain causal LM ({type(underlying(self.model)).__name__}, no recurrence)"
         return "exact" if self.recurrence == "exact" else f"jacobi(d_forward={self.d_forward})"
 
     def forward_path_kwargs(self) -> dict[str, Any]:
@@ -149,7 +143,7 @@ class T2MLRLM(HFLM):
     # ----------------------------------------------------------------------------- reporting
     def get_model_info(self) -> dict[str, Any]:
         """HFLM's record (size, dtype, revision) plus the model type, placement and evaluation path."""
-        config = unwrapped(self.model).config
+        config = underlying(self.model).config
         return {
             **super().get_model_info(),
             "model_type": config.model_type,
