@@ -12,13 +12,8 @@ from torch.utils.data import Dataset
 
 from t2mlr.corpus.errors import CorpusError
 from t2mlr.corpus.shards import read_manifest
+from t2mlr.model.layout import positions_within_documents
 from t2mlr.utils import IGNORE_INDEX
-
-
-def positions_from_starts(starts: np.ndarray) -> np.ndarray:
-    """Position of each token inside its document, given a bool mask of document starts (starts[0] True)."""
-    index = np.arange(starts.size)
-    return index - np.maximum.accumulate(np.where(starts, index, 0))
 
 
 class ShardedTokenDataset(Dataset):
@@ -91,8 +86,7 @@ class ShardedTokenDataset(Dataset):
             starts[np.asarray(offsets[first:last]) + (base - row_start)] = True
             lo = stop
             shard += 1
+        ids, starts = torch.from_numpy(ids), torch.from_numpy(starts)
         starts[0] = True
-        labels = ids.copy()
-        labels[starts] = IGNORE_INDEX
-        return {"input_ids": torch.from_numpy(ids), "position_ids": torch.from_numpy(positions_from_starts(starts)),
-                "labels": torch.from_numpy(labels)}
+        return {"input_ids": ids, "position_ids": positions_within_documents(starts),
+                "labels": ids.masked_fill(starts, IGNORE_INDEX)}
