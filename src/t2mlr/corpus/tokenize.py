@@ -168,11 +168,6 @@ class _Encoder:
 # Output directory: fresh start or resume
 
 
-def _settings(text_field: str, txt_documents: str, shard_tokens: int, max_documents: int | None) -> dict[str, Any]:
-    return {"text_field": text_field, "txt_documents": txt_documents, "shard_tokens": shard_tokens,
-            "max_documents": max_documents}
-
-
 def _check_resumable(manifest: dict[str, Any], files: Sequence[InputFile], tokenizer: dict[str, Any],
                      dtype: np.dtype, settings: dict[str, Any], out: Path) -> None:
     """Raise unless `manifest` was written by a run with the same tokenizer, settings and inputs (the
@@ -367,7 +362,8 @@ def tokenize_corpus(
         tokenizer = load_tokenizer(os.fspath(tokenizer))
     tokenizer_info = tokenizer_record(tokenizer, eos_token_id)
     dtype = token_dtype(tokenizer_info["vocab_size"])
-    settings = _settings(text_field, txt_documents, shard_tokens, max_documents)
+    settings = {"text_field": text_field, "txt_documents": txt_documents, "shard_tokens": shard_tokens,
+                "max_documents": max_documents}
     out = Path(out_dir)
     created = not out.exists()
     previous = _prepare_output(out, overwrite)
