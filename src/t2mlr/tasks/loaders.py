@@ -67,7 +67,9 @@ def normalise_cot_record(record: Mapping[str, Any], where: str = "record") -> di
     return {"prompt": prompt + "\n", "target": target, "answer": answer}
 
 
-def _normalise_all(records: Sequence[Mapping[str, Any]], source: str, limit: int | None) -> list[dict[str, str]]:
+def normalise_cot_records(records: Sequence[Mapping[str, Any]], source: str,
+                          limit: int | None = None) -> list[dict[str, str]]:
+    """`normalise_cot_record` of the first `limit` records (all with None), each named by its index in `source`."""
     chosen = records if limit is None else records[:limit]
     return [normalise_cot_record(r, f"{source} record {i}") for i, r in enumerate(chosen)]
 
@@ -100,14 +102,14 @@ def load_gsm_aug(
     if variant not in GSM_AUG_HUB:
         raise ValueError(f"variant must be one of {sorted(GSM_AUG_HUB)}, got {variant!r}")
     if path is not None:
-        return _normalise_all(_local_records(path), str(path), limit)
+        return normalise_cot_records(_local_records(path), str(path), limit)
     name = GSM_AUG_HUB[variant]
-    return _normalise_all(_hub_records(name, split), name, limit)
+    return normalise_cot_records(_hub_records(name, split), name, limit)
 
 
 def load_hotpotqa_cot(path: str | Path, limit: int | None = None) -> list[dict[str, str]]:
     """HotpotQA chain-of-thought records from a local JSON-lines or parquet file."""
-    return _normalise_all(_local_records(path), str(path), limit)
+    return normalise_cot_records(_local_records(path), str(path), limit)
 
 
 # ------------------------------------------------------------------------------------------ the retrofit's sources

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from t2mlr.tasks.jsonl import read_records
-from t2mlr.tasks.loaders import GSM_AUG_HUB, load_gsm_aug, normalise_cot_record
+from t2mlr.tasks.loaders import GSM_AUG_HUB, load_gsm_aug, normalise_cot_records
 from t2mlr.tasks.prosqa import check_answer, check_path, generate_prosqa_hard
 from t2mlr.tasks.scoring import (
     extract_boxed_answer,
@@ -165,10 +165,6 @@ def _split_file(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]] 
     return read_records(path), None
 
 
-def _normalised(records: list[dict[str, Any]], source: str) -> list[dict[str, str]]:
-    return [normalise_cot_record(r, f"{source} record {i}") for i, r in enumerate(records)]
-
-
 def check_data_source(task: str, data: str | None, variant: str | None) -> bool:
     """Whether `data` names a published hub set (else it is a local file or directory), refused when a task that
     reads data has none, the hub set is the other variant's, or the local path does not exist: checks that need
@@ -190,9 +186,9 @@ def _from_data(task: str, data: str | None, variant: str | None, eval_size: int)
     if check_data_source(task, data, variant):
         return load_gsm_aug(split="train", variant=variant), load_gsm_aug(split="test", variant=variant)
     train_raw, test_raw = _split_file(Path(data))
-    train = _normalised(train_raw, f"{data} (train)")
+    train = normalise_cot_records(train_raw, f"{data} (train)")
     if test_raw is not None:
-        return train, _normalised(test_raw, f"{data} (test)")
+        return train, normalise_cot_records(test_raw, f"{data} (test)")
     distinct = list({r["prompt"]: r for r in train}.values())
     if len(distinct) <= eval_size:
         raise ValueError(f"{data} has {len(distinct)} distinct questions: too few to hold out {eval_size} for evaluation")
