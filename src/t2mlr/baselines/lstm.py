@@ -28,6 +28,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutput
 
+from t2mlr.model.layout import starts_a_later_document
 from t2mlr.model.wrapping import BackboneAndHead
 from t2mlr.utils import IGNORE_INDEX
 
@@ -155,9 +156,7 @@ def _check_single_document(position_ids: torch.Tensor | None, attention_mask: to
     if position_ids is None:
         return
     real = torch.ones_like(position_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
-    starts = (position_ids == 0) & real
-    later = starts & (real.long().cumsum(dim=1) > 1)
-    if bool(later.any()):
+    if starts_a_later_document((position_ids == 0) & real, real):
         raise ValueError(
             "the LSTM baseline cannot reset its state inside a row: position_ids restart at 0 mid-row "
             "(packed documents); give it one document per row"
