@@ -228,11 +228,6 @@ def _draw_problem(rng: random.Random, s: ArithmeticSettings) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------ streams
-def _check_split(split: str) -> None:
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-
-
 def iter_arithmetic_problems(
     split: str = "train", seed: int = 0, settings: ArithmeticSettings | None = None
 ) -> Iterator[dict[str, Any]]:
@@ -240,7 +235,8 @@ def iter_arithmetic_problems(
 
     Stops with a ValueError when the settings allow no further distinct problem of this split.
     """
-    _check_split(split)
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"seed must be an int, got {seed!r}")
     settings = settings or ArithmeticSettings()
