@@ -182,14 +182,10 @@ def generate_batched(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
             return [_reply(tokenizer, row) for row in out[:, inputs["input_ids"].shape[1] :].tolist()]
 
         try:
-            replies = (map_batches or _in_order)(batches, generate)
+            replies = map_batches(batches, generate) if map_batches else [generate(batch) for batch in batches]
         finally:
             model.train(was_training)
     return [text for batch in replies for text in batch]
-
-
-def _in_order(batches: Sequence[list[str]], generate: Callable[[list[str]], list[str]]) -> list[list[str]]:
-    return [generate(batch) for batch in batches]
 
 
 def _reply(tokenizer: PreTrainedTokenizerBase, row: list[int]) -> str:
