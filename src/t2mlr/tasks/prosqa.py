@@ -59,8 +59,8 @@ _PEOPLE = (
     "Davis", "Stella", "Nina", "Omar", "Lena", "Ivan", "Mira", "Theo", "Ruby", "Hugo", "Iris",
     "Felix", "Gwen", "Otto", "Vera", "Leo", "Tara", "Eli",
 )
-_CONSONANTS = "bcdfglmnprstvz"
-_VOWELS = "aeiou"
+CONSONANTS = "bcdfglmnprstvz"  # concept names are consonant-vowel syllables (build_task_tokenizer: one symbol each)
+VOWELS = "aeiou"
 _SUFFIXES = ("rus", "pus", "bus", "mus", "nus", "lus", "tus", "sus")
 _EVERY = re.compile(r"Every ([a-z]+) is an? ([a-z]+)\.")
 _MAX_EDGE_TRIES = 40
@@ -71,7 +71,7 @@ def _concept_names(rng: random.Random, count: int) -> list[str]:
     names: set[str] = set()
     while len(names) < count:
         syllables = rng.randint(2, 3)
-        stem = "".join(rng.choice(_CONSONANTS) + rng.choice(_VOWELS) for _ in range(syllables))
+        stem = "".join(rng.choice(CONSONANTS) + rng.choice(VOWELS) for _ in range(syllables))
         names.add(stem + rng.choice(_SUFFIXES))
     ordered = sorted(names)
     rng.shuffle(ordered)

@@ -37,6 +37,7 @@ from typing import Any
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+from t2mlr.tasks.prosqa import CONSONANTS, VOWELS
 from t2mlr.tasks.s5 import ALL_TOKENS
 from t2mlr.tasks.s5_retrieval import (
     BLANK,
@@ -193,9 +194,6 @@ def encode_s5_sample(tokenizer: PreTrainedTokenizerFast, sample: Mapping[str, An
     return {"input_ids": input_ids, "labels": labels, "attention_mask": [1] * len(input_ids)}
 
 
-_CONSONANTS, _VOWELS = "bcdfglmnprstvz", "aeiou"
-
-
 def build_task_tokenizer(texts: Iterable[str], phrases: Sequence[str] = (), syllables: bool = False,
                          max_words: int = 4000) -> PreTrainedTokenizerFast:
     """A word-level tokenizer for a from-scratch finetune: the task's phrases, the words of the training texts,
@@ -207,7 +205,7 @@ def build_task_tokenizer(texts: Iterable[str], phrases: Sequence[str] = (), syll
     counts = Counter(word for text in texts for word in word_vocab_from_texts([text]) if len(word) > 1)
     words = sorted(counts, key=lambda w: (-counts[w], w))[:max_words]
     characters = sorted({c for text in texts for c in text})
-    pairs = [c + v for c, v in itertools.product(_CONSONANTS, _VOWELS)] if syllables else []
+    pairs = [c + v for c, v in itertools.product(CONSONANTS, VOWELS)] if syllables else []
     symbols = [s for s in dict.fromkeys([*phrases, *pairs, *sorted(words), *characters]) if s not in SPECIAL_TOKENS]
     if syllables:  # ProsQA's names are syllable sequences: whole words would not cover the held-out names
         symbols = [s for s in symbols if s in phrases or s in pairs or len(s) == 1 or not s.islower()]
