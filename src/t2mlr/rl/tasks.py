@@ -75,7 +75,6 @@ class VariableAssignmentTask:
 
     def __post_init__(self) -> None:
         self.tokenizer = variable_assignment_tokenizer()
-        next(iter_variable_assignment(1, self.depth, self.num_constants, self.num_distractors, self.seed))  # checks
         self._windows = StreamWindows(lambda stream: iter_variable_assignment(
             None, self.depth, self.num_constants, self.num_distractors, self.seed, stream))
 
@@ -92,9 +91,11 @@ class StreamWindows:
     The RL loop asks for consecutive windows of a stream; drawing each from the stream's start would cost
     O(steps²) over a run. One open iterator per stream is advanced instead, and a window before its
     position (a resumed run, an evaluation set read again) reopens the stream: the samples are the same
-    either way, because the stream is deterministic in its index."""
+    either way, because the stream is deterministic in its index. The task's settings are checked on
+    construction, by drawing the first sample of its "train" stream."""
 
     def __init__(self, open_stream: Callable[[str], Iterator[dict[str, Any]]]) -> None:
+        next(open_stream("train"))
         self._open_stream = open_stream
         self._cursors: dict[str, tuple[Iterator[dict[str, Any]], int]] = {}
 
@@ -136,7 +137,6 @@ class S5RetrievalTask:
             raise ValueError(f"n_range must be [lowest N, highest N], got {self.n_range!r}")
         self.n_range = (int(self.n_range[0]), int(self.n_range[1]))
         self.tokenizer = build_s5_tokenizer(self.k, self.alphabet)
-        next(self._samples("train"))  # checks the settings
         self._windows = StreamWindows(self._samples)
 
     def _samples(self, stream: str) -> Any:
@@ -193,7 +193,6 @@ class ArithmeticTask:
         self.settings = ArithmeticSettings(self.min_steps, self.max_steps, self.max_operand, self.max_factor,
                                            self.max_value)
         self.tokenizer = arithmetic_tokenizer()
-        next(iter_arithmetic_problems("train", self.seed, self.settings))  # checks the settings
         self._windows = StreamWindows(lambda stream: iter_arithmetic_problems(stream, self.seed, self.settings))
 
     def prompts(self, start: int, count: int, stream: str = "train") -> list[dict[str, Any]]:
