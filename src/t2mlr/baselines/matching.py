@@ -303,7 +303,7 @@ class ModelSpec:
     @property
     def name(self) -> str:
         """The spelling `parse_model_spec` reads back, e.g. "looped:9-22:3", "t2mlr:1-2:jacobi:16:4"."""
-        return _SPEC_FORMS[self.kind][0].format(**vars(self)) + self._name_suffix()
+        return self._form(0) + (f":{self.budget}" if self.budget is not None else "")
 
     @property
     def dir_name(self) -> str:
@@ -315,7 +315,7 @@ class ModelSpec:
         """How tables name the arm, e.g. "T²MLR(13,18)", "T²MLR(1,2), Jacobi (16, 4) training", "pause ×2"."""
         if self.budget is not None:
             return f"Transformer ({self.budget})"
-        return _SPEC_FORMS[self.kind][1].format(**vars(self)) + self._label_suffix()
+        return self._form(1)
 
     def path_settings(self) -> dict[str, object]:
         """The T2MLRConfig fields this spelling sets (empty when it leaves the training path to the experiment)."""
@@ -325,21 +325,10 @@ class ModelSpec:
             return {"train_recurrence": "exact"}
         return {"train_recurrence": "jacobi", "d_forward": self.d_forward, "d_backward": self.d_backward}
 
-    def _name_suffix(self) -> str:
-        if self.budget is not None:
-            return f":{self.budget}"
-        if self.train_recurrence == "exact":
-            return ":exact"
-        if self.train_recurrence == "jacobi":
-            return f":jacobi:{self.d_forward}:{self.d_backward}"
-        return ""
-
-    def _label_suffix(self) -> str:
-        if self.train_recurrence == "exact":
-            return ", exact training"
-        if self.train_recurrence == "jacobi":
-            return f", Jacobi ({self.d_forward}, {self.d_backward}) training"
-        return ""
+    def _form(self, which: int) -> str:
+        """The kind's spelling (0) or table label (1), with the training path's suffix."""
+        path = _PATH_FORMS.get(self.train_recurrence, ("", ""))
+        return (_SPEC_FORMS[self.kind][which] + path[which]).format(**vars(self))
 
 
 _SPEC_FORMS = {  # kind: (command-line spelling, table label), before any training-path or budget suffix
@@ -347,6 +336,10 @@ _SPEC_FORMS = {  # kind: (command-line spelling, table label), before any traini
     "looped": ("looped:{loop_blocks}:{loops}", "looped {loop_blocks} ×{loops}"),
     "pause": ("pause:{period}", "pause ×{period}"),
     "transformer": ("transformer", "Transformer (matched)"),
+}
+_PATH_FORMS = {  # train_recurrence: (spelling suffix, label suffix); None (the experiment's path) adds none
+    "exact": (":exact", ", exact training"),
+    "jacobi": (":jacobi:{d_forward}:{d_backward}", ", Jacobi ({d_forward}, {d_backward}) training"),
 }
 
 
