@@ -68,15 +68,13 @@ def init_distributed(parallel: str, device_preference: str = "auto", timeout_s: 
         return DistEnv(device=pick_device(device_preference))
     if parallel == "none":
         raise RuntimeError("launched with torchrun but train.parallel=none; pass --parallel ddp or --parallel fsdp")
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = pick_device(device_preference, local_rank)
+    device = pick_device(device_preference, int(os.environ.get("LOCAL_RANK", "0")))
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
-    return DistEnv(rank=rank, world_size=world, local_rank=local_rank, device=device)
+    return current_env(device_preference)
 
 
 def shutdown_distributed() -> None:
