@@ -290,15 +290,14 @@ def filled_tree(task: S5Task, tree: dict[str, Any], tokenizer: Any, tokenizer_di
 
 def t2mlr_config(preset: str) -> Any:
     """The T²MLR model of a preset (`t2mlr params --preset s5-cpu`): its config filled in for the task's tokenizer."""
-    from t2mlr.model import T2MLRConfig
-    from t2mlr.model.configuration import build_base_config
     from t2mlr.tasks.tokenizers import build_s5_tokenizer
+    from t2mlr.training.arms import t2mlr_of
     from t2mlr.training.config import config_from_tree, load_sections
 
     tree, sections = load_sections(config_name(preset), [], {"task": S5Task})
     task = sections["task"]
-    model = config_from_tree(filled_tree(task, tree, build_s5_tokenizer(task.k, task.alphabet), Path("tokenizer"))).model
-    return T2MLRConfig(base_config=build_base_config(model.base), **model.settings)
+    tokenizer = build_s5_tokenizer(task.k, task.alphabet)
+    return t2mlr_of(config_from_tree(filled_tree(task, tree, tokenizer, Path("tokenizer"))))
 
 
 def plan(preset: str, task: S5Task, tree: dict[str, Any], out: str | Path, models: Sequence[str] = MODEL_NAMES,

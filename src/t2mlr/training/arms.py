@@ -67,7 +67,8 @@ from t2mlr.training.trainer import FINAL_DIR, NonFiniteLossError, train
 from t2mlr.utils import exit_when_orphaned, resolve_device
 
 __all__ = ["Arm", "TrainedArm", "arm_from_tree", "base_section", "claim_run_dirs", "config_tree", "fixed_threads",
-           "load_trained", "matched_arm", "model_section", "resolve_workers", "train_arms", "validation_batches"]
+           "load_trained", "matched_arm", "model_section", "resolve_workers", "t2mlr_of", "train_arms",
+           "validation_batches"]
 
 _NOT_BASE_KEYS = {"transformers_version", "architectures", "_name_or_path", "dtype"}
 
@@ -143,7 +144,8 @@ def model_section(spec: ModelSpec, config: PretrainedConfig, t2mlr_settings: dic
     return {"arch": spec.kind, "base": base_section(config.base_config), **settings}
 
 
-def _t2mlr_of(cfg: TrainConfig) -> T2MLRConfig:
+def t2mlr_of(cfg: TrainConfig) -> T2MLRConfig:
+    """The T²MLR model config of a trainer config built from `model.base` (what matched baselines match)."""
     if cfg.model.arch != "t2mlr" or cfg.model.base is None:
         raise ConfigError(f"a matched baseline needs a T²MLR model built from model.base; got model.arch "
                           f"{cfg.model.arch!r}" + (" with model.pretrained" if cfg.model.pretrained else ""))
@@ -163,7 +165,7 @@ def matched_arm(tree: dict[str, Any], name: str, spec: ModelSpec | str, label: s
         model = {"arch": "transformer", "pretrained": cfg.model.pretrained, "gguf_file": cfg.model.gguf_file}
         label = label or "Transformer (the pretrained base, fine-tuned the same way)"
     else:
-        t2mlr = _t2mlr_of(cfg)
+        t2mlr = t2mlr_of(cfg)
         if spec in ("transformer", "lstm"):
             matched = _matched_plain(t2mlr, spec, lstm_layers)
             model = {"arch": "transformer", "base": base_section(matched)}
