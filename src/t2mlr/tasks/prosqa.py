@@ -42,7 +42,6 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from t2mlr.tasks.jsonl import read_jsonl, write_jsonl
 from t2mlr.tasks.sampling import seeded_samples
 
 __all__ = [
@@ -50,8 +49,6 @@ __all__ = [
     "check_path",
     "generate_prosqa_hard",
     "iter_prosqa_hard",
-    "read_jsonl",
-    "write_jsonl",
 ]
 
 _PEOPLE = (

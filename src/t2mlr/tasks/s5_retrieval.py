@@ -38,7 +38,6 @@ import random
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from t2mlr.tasks.jsonl import read_jsonl, write_jsonl
 from t2mlr.tasks.s5 import (
     ELEMENTS,
     Perm,
@@ -58,9 +57,7 @@ __all__ = [
     "iter_s5_eval",
     "iter_s5_retrieval",
     "make_sample",
-    "read_jsonl",
     "s5_targets_from_input",
-    "write_jsonl",
 ]
 
 DEFAULT_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"

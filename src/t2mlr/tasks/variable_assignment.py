@@ -43,16 +43,13 @@ import string
 from collections.abc import Iterator
 from typing import Any
 
-from t2mlr.tasks.jsonl import read_jsonl, write_jsonl
 from t2mlr.tasks.sampling import seeded_samples
 
 __all__ = [
     "HEADER",
     "generate_variable_assignment",
     "iter_variable_assignment",
-    "read_jsonl",
     "solve_variable_assignment",
-    "write_jsonl",
 ]
 
 HEADER = "Variable assignment. Follow the assignments and fill in the blank."
