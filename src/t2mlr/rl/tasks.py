@@ -40,7 +40,8 @@ from t2mlr.tasks.tokenizers import build_s5_tokenizer, build_word_tokenizer
 from t2mlr.tasks.variable_assignment import HEADER, iter_variable_assignment
 
 ANSWER_CUE = "Answer: |"
-# The header and the answer cue are one symbol each: a prompt is then ~4 tokens per assignment line.
+# One token per letter, digit, '=', newline and blank, plus one for the header and one for the cue: a prompt is
+# then ~4 tokens per assignment line.
 VARIABLE_ASSIGNMENT_SYMBOLS = (HEADER, ANSWER_CUE, "___", "=", "\n", *"abcdefghijklmnopqrstuvwxyz", *"0123456789")
 
 
@@ -57,11 +58,6 @@ class VerifiableTask(Protocol):
         """The verifiable reward of one completion (text after the prompt, end-of-text removed)."""
 
 
-def variable_assignment_tokenizer() -> Any:
-    """One token per letter, digit, '=', newline and blank, plus one for the header and one for the cue."""
-    return build_word_tokenizer(VARIABLE_ASSIGNMENT_SYMBOLS)
-
-
 @dataclass
 class VariableAssignmentTask:
     """Variable assignment (`t2mlr.tasks.variable_assignment`); reward 1 when the first symbol generated is
@@ -74,7 +70,7 @@ class VariableAssignmentTask:
     name: str = "variable_assignment"
 
     def __post_init__(self) -> None:
-        self.tokenizer = variable_assignment_tokenizer()
+        self.tokenizer = build_word_tokenizer(VARIABLE_ASSIGNMENT_SYMBOLS)
         self._windows = StreamWindows(lambda stream: iter_variable_assignment(
             None, self.depth, self.num_constants, self.num_distractors, self.seed, stream))
 
