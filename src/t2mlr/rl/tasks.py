@@ -133,10 +133,8 @@ class S5RetrievalTask:
             raise ValueError(f"n_range must be [lowest N, highest N], got {self.n_range!r}")
         self.n_range = (int(self.n_range[0]), int(self.n_range[1]))
         self.tokenizer = build_s5_tokenizer(self.k, self.alphabet)
-        self._windows = StreamWindows(self._samples)
-
-    def _samples(self, stream: str) -> Any:
-        return iter_s5_retrieval(None, self.n_range, self.k, self.dict_size, self.seed, self.alphabet, stream)
+        self._windows = StreamWindows(lambda stream: iter_s5_retrieval(
+            None, self.n_range, self.k, self.dict_size, self.seed, self.alphabet, stream))
 
     def prompts(self, start: int, count: int, stream: str = "train") -> list[dict[str, Any]]:
         return [self._generative(s) for s in self._windows.window(stream, start, count)]
