@@ -200,16 +200,11 @@ class ArithmeticTask:
 TASKS = {"variable_assignment": VariableAssignmentTask, "s5_retrieval": S5RetrievalTask, "arithmetic": ArithmeticTask}
 
 
-def task_settings(name: str) -> list[str]:
-    """The settings (`task.kwargs` keys) the task `name` accepts."""
-    return [f.name for f in dataclasses.fields(TASKS[name]) if f.name not in ("seed", "name")]
-
-
 def build_task(name: str, seed: int = 0, **kwargs: Any) -> VerifiableTask:
     """The task `name` with its generator's settings (`kwargs`: e.g. depth, num_constants, num_distractors)."""
     if name not in TASKS:
         raise ValueError(f"unknown RL task {name!r}; known: {', '.join(TASKS)}")
-    allowed = task_settings(name)
+    allowed = [f.name for f in dataclasses.fields(TASKS[name]) if f.name not in ("seed", "name")]  # task.kwargs
     unknown = sorted(set(kwargs) - set(allowed))
     if unknown:
         raise ValueError(f"task {name!r}: unknown setting(s) {unknown}; allowed: {', '.join(allowed)}")
