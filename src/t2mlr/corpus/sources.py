@@ -88,10 +88,7 @@ class Cursor:
 def file_format(name: str) -> str | None:
     """The format a file name implies, or None when it is none of the supported suffixes."""
     lowered = name.lower()
-    for suffix, fmt in FORMATS.items():
-        if lowered.endswith(suffix):
-            return fmt
-    return None
+    return next((fmt for suffix, fmt in FORMATS.items() if lowered.endswith(suffix)), None)
 
 
 def resolve_inputs(inputs: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[InputFile]:
