@@ -36,7 +36,7 @@ import os
 import re
 import zlib
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Literal
 
@@ -59,9 +59,6 @@ class InputFile:
     size: int
     fingerprint: str  # local: "size:mtime_ns"; hub: the blob id. A resumed run checks it did not change.
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 @dataclass(frozen=True)
 class Cursor:
@@ -76,9 +73,6 @@ class Cursor:
     line: int = 0  # lines (parquet: rows) consumed in this input, for error messages after a resume
     documents: int = 0  # documents yielded from this input
     skipped_empty: int = 0  # empty texts skipped in this input
-
-    def to_json(self) -> dict[str, int]:
-        return asdict(self)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import asdict
 from itertools import chain, islice
 from pathlib import Path
 from typing import Any
@@ -267,7 +268,7 @@ class _ShardSequence:
     def close(self, end: Cursor, final: bool) -> None:
         """Commit the open shard (if any) and the manifest; `final` marks the corpus complete."""
         if self.current is not None:
-            self.manifest["shards"].append(self.current.finish(end.to_json()))
+            self.manifest["shards"].append(self.current.finish(asdict(end)))
             self.current = None
         self._update_inputs(end, final)
         self.manifest.update(complete=final, num_shards=len(self.manifest["shards"]),
@@ -301,7 +302,7 @@ def _fresh_manifest(files: Sequence[InputFile], tokenizer: dict[str, Any], dtype
         "format": FORMAT_NAME, "version": FORMAT_VERSION, "complete": False,
         "tokenizer": tokenizer, "dtype": dtype.name, "eos_appended": True, "settings": settings,
         "num_shards": 0, "num_documents": 0, "num_tokens": 0, "shards": [],
-        "inputs": [{**file.to_json(), "status": "unread", **_consumed(Cursor(index))}
+        "inputs": [{**asdict(file), "status": "unread", **_consumed(Cursor(index))}
                    for index, file in enumerate(files)],
     }
 
