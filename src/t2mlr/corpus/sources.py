@@ -92,9 +92,7 @@ def resolve_inputs(inputs: str | os.PathLike[str] | Sequence[str | os.PathLike[s
     items = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
     if not items:
         raise CorpusError("no inputs given")
-    files: list[InputFile] = []
-    for item in items:
-        files.extend(_resolve_one(os.fspath(item)))
+    files = [file for item in items for file in _resolve_one(os.fspath(item))]
     seen: set[str] = set()
     for file in files:
         key = file.path if file.path.startswith(HUB_PREFIX) else os.path.realpath(file.path)
