@@ -157,10 +157,7 @@ def _resolve_hub(hub_path: str, spec: str) -> list[InputFile]:
 
     fs = HfFileSystem()
     try:
-        if _is_glob(hub_path):
-            listing = fs.glob(hub_path, detail=True)
-        else:
-            listing = fs.find(hub_path, detail=True)
+        listing = (fs.glob if _is_glob(hub_path) else fs.find)(hub_path, detail=True)
     except _hub_errors() as err:
         raise CorpusError(
             f"hub dataset {spec!r} cannot be listed ({type(err).__name__}: {err}); this machine may have no "
