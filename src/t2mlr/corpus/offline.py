@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import itertools
 import json
 import os
 from collections.abc import Iterable, Iterator
@@ -115,13 +116,8 @@ def _jsonl_to_parquet(jsonl: Path, parquet: Path, rows_per_group: int = 8192) ->
     schema = pa.schema([("id", pa.string()), ("source", pa.string()), ("title", pa.string()), ("text", pa.string())])
     temp = parquet.with_name(parquet.name + ".tmp")
     with pq.ParquetWriter(temp, schema) as writer, open(jsonl, encoding="utf-8") as handle:
-        rows: list[dict[str, Any]] = []
-        for line in handle:
-            rows.append(json.loads(line))
-            if len(rows) == rows_per_group:
-                writer.write_table(pa.Table.from_pylist(rows, schema=schema))
-                rows = []
-        if rows:
+        records = map(json.loads, handle)
+        while rows := list(itertools.islice(records, rows_per_group)):
             writer.write_table(pa.Table.from_pylist(rows, schema=schema))
     os.replace(temp, parquet)
 
