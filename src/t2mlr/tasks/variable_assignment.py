@@ -37,6 +37,7 @@ JSONL schema: ``prompt`` (str), ``target`` (str, the text to generate: the digit
 
 from __future__ import annotations
 
+import itertools
 import random
 import re
 import string
@@ -98,13 +99,9 @@ def _make_sample(rng: random.Random, depth: int, num_constants: int, num_distrac
     chains: list[list[tuple[str, str]]] = []
     ends: list[str] = []
     for root in roots:
-        chain, prev = [], root
-        for _ in range(depth):
-            var = next(free)
-            chain.append((var, prev))
-            prev = var
-        chains.append(chain)
-        ends.append(prev)
+        names = [root, *itertools.islice(free, depth)]  # each variable is assigned the one before it
+        chains.append(list(zip(names[1:], names)))
+        ends.append(names[-1])
 
     const_lines = [(c, value[c]) for c in constants]
     rng.shuffle(const_lines)
