@@ -149,9 +149,7 @@ def _special_id(given: int | None, default: int, pad_token_id: int, vocab_size: 
 def word_vocab_from_texts(texts: Iterable[str], pattern: str = WORD_PATTERN) -> list[str]:
     """Distinct symbols of ``texts`` under ``pattern``, sorted, for ``build_word_tokenizer``."""
     regex = re.compile(pattern)
-    found: set[str] = set()
-    for text in texts:
-        found.update(regex.findall(text))
+    found = {symbol for text in texts for symbol in regex.findall(text)}
     return sorted(found - set(SPECIAL_TOKENS))
 
 
