@@ -86,11 +86,10 @@ def generates_s5(elements: Iterable[Perm]) -> bool:
     """True iff the closure of ``elements`` under composition is all of S5 (breadth-first search)."""
     gens = list(elements)
     seen = {IDENTITY}
-    frontier = [IDENTITY]
+    frontier = {IDENTITY}
     while frontier:
-        frontier = [g for g in (compose(p, a) for p in frontier for a in gens) if g not in seen]
-        frontier = list(dict.fromkeys(frontier))
-        seen.update(frontier)
+        frontier = {compose(p, a) for p in frontier for a in gens} - seen
+        seen |= frontier
     return len(seen) == len(ELEMENTS)
 
 
