@@ -114,11 +114,9 @@ class S5DataSpec:
         return make_sample(rng, n, self.k, self.dict_size, validate_alphabet(self.alphabet), self.action_set())
 
 
-@functools.cache
-def _generating_set(size: int, seed: int) -> tuple[Perm, ...]:
-    """`generating_set`, computed once per (size, seed): it is a pure function of them, and checking that a
-    candidate set generates S5 took four fifths of the time of drawing a training row."""
-    return tuple(generating_set(size, seed))
+# `generating_set`, computed once per (size, seed): it is a pure function of them, and checking that a candidate set
+# generates S5 took four fifths of the time of drawing a training row.
+_generating_set = functools.cache(generating_set)
 
 
 class StreamedS5Dataset(Dataset):
