@@ -119,17 +119,12 @@ def make_sample(
     keys = _choose_keys(rng, states, dict_size)
     values = {key: [rng.choice(alphabet) for _ in range(k)] for key in keys}
 
-    dict_part: list[str] = []
-    for key in keys:
-        dict_part.append(perm_to_token(key))
-        dict_part.extend(values[key])
-    input_tokens = dict_part + [DELIMITER]
-    target_tokens = dict_part + [DELIMITER]
-    for action, state in zip(chosen, states):
-        input_tokens.append(perm_to_token(action))
-        input_tokens.extend([BLANK] * k)
-        target_tokens.append(perm_to_token(state))
-        target_tokens.extend(values[state])
+    # each key, action or state is its token followed by its K symbols (its value, or blanks)
+    dict_part = [symbol for key in keys for symbol in (perm_to_token(key), *values[key])]
+    action_part = [symbol for action in chosen for symbol in (perm_to_token(action), *[BLANK] * k)]
+    state_part = [symbol for state in states for symbol in (perm_to_token(state), *values[state])]
+    input_tokens = dict_part + [DELIMITER] + action_part
+    target_tokens = dict_part + [DELIMITER] + state_part
 
     delim_index = len(dict_part)
     score_start = delim_index + 1
