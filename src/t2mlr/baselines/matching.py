@@ -49,7 +49,6 @@ from t2mlr.model import T2MLRConfig, T2MLRForCausalLM
 __all__ = [
     "COMPUTE_MATCHED",
     "MODEL_SPEC_FORMS",
-    "PAPER_MIDDLE_LOOP",
     "Arm",
     "MatchedSet",
     "ModelSpec",
@@ -64,7 +63,6 @@ __all__ = [
     "matched_models",
     "matched_pause_config",
     "matched_transformer_config",
-    "paper_looped_and_pause_configs",
     "parameter_count_of_config",
     "parse_looped_spec",
     "parse_model_spec",
@@ -79,8 +77,6 @@ __all__ = [
     "transformer_parameter_count",
     "widened_config",
 ]
-
-PAPER_MIDDLE_LOOP = (9, 22)  # the paper's middle-looped ×3 on the 30-block SmolLM2-135M
 
 MAX_WIDTH = 1 << 20  # a search that passes this width is matching against a wrong count
 
@@ -207,20 +203,6 @@ def matched_pause_config(t2mlr_config: T2MLRConfig, pauses: int) -> PauseConfig:
     widened to match T²MLR's parameter count, the pause embeddings included."""
     PauseConfig.from_base(t2mlr_config.base_config, pauses=pauses)  # bad pause fields fail before the search
     return smallest_matching_width(t2mlr_config, lambda base: PauseConfig.from_base(base, pauses=pauses))
-
-
-def paper_looped_and_pause_configs(t2mlr_config: T2MLRConfig) -> dict[str, PretrainedConfig]:
-    """The three baselines of the paper's looped/latent comparison, each matched to `t2mlr_config`:
-    pause-token ×2, full-looped ×2 and middle-looped ×3 over blocks 9–22 (needs at least 22 blocks)."""
-    depth = int(t2mlr_config.base_config.num_hidden_layers)
-    start, end = PAPER_MIDDLE_LOOP
-    if depth < end:
-        raise ValueError(f"the paper's middle loop covers blocks {start}-{end}; this backbone has only {depth} blocks")
-    return {
-        "pause_x2": matched_pause_config(t2mlr_config, pauses=1),
-        "full_looped_x2": matched_looped_config(t2mlr_config, loop_blocks="full", loops=2),
-        "middle_looped_x3": matched_looped_config(t2mlr_config, start, end, loops=3),
-    }
 
 
 def matched_lstm_config(vocab_size: int, target: int, num_layers: int = 4, **config_kwargs: object) -> T2MLRLSTMConfig:
