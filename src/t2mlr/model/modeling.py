@@ -104,6 +104,10 @@ class T2MLRPreTrainedModel(RunsBaseDecoder, PreTrainedModel):
         else:
             super()._init_weights(module)
 
+    def forward_path(self, recurrence: str | None = None, **overrides: Any) -> ForwardPath:
+        """The path a call with these arguments takes in the current train/eval mode (see T2MLRConfig)."""
+        return self.config.forward_path(self.training, recurrence, **overrides)
+
 
 def is_t2mlr(model: nn.Module) -> bool:
     """The one test of "is this a T²MLR causal LM" (a wrapper such as DDP must be unwrapped first)."""
@@ -142,10 +146,6 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
         """Activation checkpointing of the middle block only: it runs d_forward + 1 times per step, so it
         holds most of the activations that gradients need; the other blocks run once."""
         checkpoint_blocks(self.layers, self.middle_layer_indices(), enabled)
-
-    def forward_path(self, recurrence: str | None = None, **overrides: Any) -> ForwardPath:
-        """The path a call with these arguments takes in the current train/eval mode (see T2MLRConfig)."""
-        return self.config.forward_path(self.training, recurrence, **overrides)
 
     # ----------------------------------------------------------------------------- forward
     def forward(
@@ -490,10 +490,6 @@ class T2MLRForCausalLM(LMHeadOverBackbone, T2MLRPreTrainedModel, T2MLRGeneration
     def fusion(self) -> GatedFusion:
         """The fusion Φ (its gates `fusion.gamma_cur`, `fusion.gamma_rec`), which lives in the backbone."""
         return self.model.fusion
-
-    def forward_path(self, recurrence: str | None = None, **overrides: Any) -> ForwardPath:
-        """The path a call with these arguments takes in the current train/eval mode (see T2MLRConfig)."""
-        return self.config.forward_path(self.training, recurrence, **overrides)
 
     def forward(
         self,
