@@ -17,7 +17,6 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 from transformers import (
-    AutoModel,
     DynamicCache,
     GenerationMixin,
     PretrainedConfig,
@@ -118,8 +117,6 @@ class WrappedDecoderModel(DecoderBackbone, PreTrainedModel):
         super().__init__(config)
         config.check_base()
         config.check_settings()
-        if decoder is None:
-            decoder = AutoModel.from_config(config.base_config, attn_implementation=config._attn_implementation)
         self.adopt_decoder_parts(decoder)
         own = self.build_own_modules()
         self.post_init()

@@ -122,8 +122,6 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
         None builds a fresh one from `config.base_config`."""
         config.validate_recurrence()  # first: PreTrainedModel.__init__ reads the base config it needs
         super().__init__(config)
-        if decoder is None:
-            decoder = AutoModel.from_config(config.base_config, attn_implementation=config._attn_implementation)
         self.adopt_decoder_parts(decoder)
         d = config.hidden_size
         self.fusion = GatedFusion(d)

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
-from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+from transformers import AutoModel, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .checkpoint_keys import LEGACY_KEY_MAPPING
@@ -130,8 +130,11 @@ class DecoderBackbone(RunsBaseDecoder):
     norm: nn.Module
     rotary_emb: nn.Module
 
-    def adopt_decoder_parts(self, decoder: nn.Module) -> None:
-        """Make the inner model's (e.g. a `LlamaModel`'s) embedding, blocks, norm and rotary embedding ours."""
+    def adopt_decoder_parts(self, decoder: nn.Module | None) -> None:
+        """Make the inner model's (e.g. a `LlamaModel`'s) embedding, blocks, norm and rotary embedding ours;
+        None builds a fresh one from the config's base config."""
+        if decoder is None:
+            decoder = AutoModel.from_config(self.config.base_config, attn_implementation=self.config._attn_implementation)
         for name in DECODER_PARTS:
             setattr(self, name, getattr(decoder, name))
 
