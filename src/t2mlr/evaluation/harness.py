@@ -222,16 +222,12 @@ def run_harness(argv: Sequence[str]) -> int:
             args = with_shipped_tasks(args)
             check_local_model(args)
             check_task_names(args)
-        except ValueError as err:  # before torch loads: a wrong path or task name is answered at once
+            args = with_device(args)
+        except ValueError as err:  # before the model loads: a wrong path, task name or device is answered at once
             print(f"t2mlr eval: error: {err}", file=sys.stderr)
             return 2
         import t2mlr.evaluation.lm_eval_model  # noqa: F401  (registers "t2mlr"; loads torch, so after --help)
 
-        try:
-            args = with_device(args)
-        except ValueError as err:
-            print(f"t2mlr eval: error: {err}", file=sys.stderr)
-            return 2
         cli.execute(args)
     finally:
         sys.argv = saved
