@@ -47,10 +47,5 @@ class PrefillChoice:
         return cls("jacobi", checked["d_forward"], checked["jacobi_tol"])
 
     def overrides(self) -> dict[str, Any]:
-        """The `--hf-overrides` entries that select this choice."""
-        values = {"t2mlr_prefill": self.path}
-        if self.depth is not None:
-            values["t2mlr_prefill_depth"] = self.depth
-        if self.tol is not None:
-            values["t2mlr_prefill_tol"] = self.tol
-        return values
+        """The `--hf-overrides` entries that select this choice (the path, and the depth and tol that are set)."""
+        return {key: value for key, value in zip(OVERRIDE_KEYS, (self.path, self.depth, self.tol)) if value is not None}
