@@ -23,12 +23,8 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import fields
-from typing import TYPE_CHECKING
 
 from t2mlr.utils import DTYPES
-
-if TYPE_CHECKING:  # loaded when the command runs: the CLI starts without torch and transformers
-    from t2mlr.generation.text import GenerationSettings
 
 PREFILL_CHOICES = ("exact", "jacobi")  # t2mlr.model.generation.PREFILL_PATHS; checked again when the model runs
 COMPILE_CHOICES = ("off", "default", "reduce-overhead", "max-autotune")  # t2mlr.generation.text.COMPILE_MODES
@@ -78,15 +74,6 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     return parser
 
 
-def settings_from_args(args: argparse.Namespace) -> "GenerationSettings":
-    """The settings chosen on the command line: every `GenerationSettings` field is the option of its name."""
-    from t2mlr.generation.text import GenerationSettings
-
-    settings = GenerationSettings(**{field.name: getattr(args, field.name) for field in fields(GenerationSettings)})
-    settings.validate()
-    return settings
-
-
 def run_generate(args: argparse.Namespace) -> int:
     """Load, generate with streaming, end with a newline. Setup problems exit with code 2 and one line."""
     from t2mlr.generation.loading import (
@@ -103,11 +90,12 @@ def run_generate(args: argparse.Namespace) -> int:
     getattr(args, "load_model_types", lambda: None)()  # `t2mlr generate`: every model type the library defines
     from transformers import TextStreamer
 
-    from t2mlr.generation.text import generate_text
+    from t2mlr.generation.text import GenerationSettings, generate_text
     from t2mlr.utils import load_tokenizer
 
-    try:
-        settings = settings_from_args(args)
+    try:  # every GenerationSettings field is the command-line option of its name
+        settings = GenerationSettings(**{field.name: getattr(args, field.name) for field in fields(GenerationSettings)})
+        settings.validate()
         tokenizer = load_tokenizer(check_model_dir(args.model_dir))
         model = load_model(args.model_dir, device=args.device, dtype=args.dtype)
     except (ModelDirectoryError, ValueError) as err:
