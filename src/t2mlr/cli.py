@@ -33,7 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 # (module, function) pairs, each function adding its subcommands to the group's subparsers; the group's
 # `register` receives them as `joined`.
 JOINED_SUBCOMMANDS: dict[str, tuple[tuple[str, str], ...]] = {
-    "data": (("t2mlr.corpus.commands", "add_data_commands"),),
+    "data": (("t2mlr.corpus.commands", "add_tokenize_parser"),),
 }
 # Commands that load saved models also load every model type the library defines (the baselines register
 # theirs with the Auto classes when imported), so a saved baseline loads like a T²MLR model: the command calls

@@ -22,7 +22,7 @@ from typing import Any
 
 from t2mlr.corpus.errors import CorpusError
 
-__all__ = ["add_data_commands", "add_tokenize_parser", "main", "register"]
+__all__ = ["add_tokenize_parser", "main", "register"]
 
 TOKENIZE_HELP = "tokenize parquet/jsonl/txt files (or a hub dataset) into shards"
 
@@ -68,11 +68,6 @@ def add_tokenize_parser(commands: Any) -> argparse.ArgumentParser:
     tok.add_argument("--overwrite", action="store_true", help="start over instead of resuming")
     tok.set_defaults(func=run_tokenize)
     return tok
-
-
-def add_data_commands(data_commands: Any) -> None:
-    """The subcommands this part adds to the `data` group (`t2mlr data tokenize ...`)."""
-    add_tokenize_parser(data_commands)
 
 
 def _report_bad_input(err: CorpusError) -> int:
