@@ -126,11 +126,6 @@ def _require_packages(names: tuple[str, ...], why: str) -> None:
         raise MissingDependencyError(f"{why} needs the package(s) {', '.join(missing)}: run `{INSTALL_HINT}`")
 
 
-def _require_gguf_support() -> None:
-    """transformers reads GGUF through the ``gguf`` package and refuses to without ``accelerate``."""
-    _require_packages(("gguf", "accelerate"), "loading a GGUF file")
-
-
 def _shortcut_source(name: str, gguf_file: str | None) -> PretrainedSource:
     """The GGUF shipped inside an installed package, found without importing the package."""
     package, default_file = SHORTCUTS[name]
@@ -157,10 +152,6 @@ def _gguf_file_source(path: Path, gguf_file: str | None) -> PretrainedSource:
     return PretrainedSource("gguf", str(path.parent), path.name)
 
 
-def _has_weights(directory: Path) -> bool:
-    return any(any(directory.glob(pattern)) for pattern in WEIGHT_PATTERNS)
-
-
 def _directory_source(directory: Path, gguf_file: str | None) -> PretrainedSource:
     """A named GGUF, else a Hugging Face directory, else the directory's only GGUF."""
     if gguf_file is not None:
@@ -169,7 +160,7 @@ def _directory_source(directory: Path, gguf_file: str | None) -> PretrainedSourc
             raise PretrainedSourceError(f"GGUF file not found: {path}")
         return _gguf_file_source(path, None)
     if (directory / "config.json").is_file():
-        if not _has_weights(directory):
+        if not any(any(directory.glob(pattern)) for pattern in WEIGHT_PATTERNS):
             raise PretrainedSourceError(
                 f"{directory} has a config.json but no weights (none of {', '.join(WEIGHT_PATTERNS)})"
             )
@@ -215,8 +206,8 @@ def resolve_pretrained_source(source: str, gguf_file: str | None = None) -> Pret
             )
         else:
             source_spec = PretrainedSource("hub", source, gguf_file)
-    if source_spec.gguf_file is not None:
-        _require_gguf_support()
+    if source_spec.gguf_file is not None:  # transformers reads GGUF through `gguf`, and refuses to without `accelerate`
+        _require_packages(("gguf", "accelerate"), "loading a GGUF file")
     return source_spec
 
 
