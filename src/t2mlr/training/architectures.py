@@ -54,14 +54,6 @@ class Architecture:
 _NO_REPEATED_BLOCKS = "it runs every block once per step (nothing repeats that checkpointing would save)"
 
 
-def _no_settings() -> dict[str, Field]:
-    return {}
-
-
-def _check_nothing(base_config: PretrainedConfig, settings: dict[str, Any]) -> None:
-    del base_config, settings
-
-
 def _build_plain(
     base_config: PretrainedConfig | None, pretrained: PreTrainedModel | None, settings: dict[str, Any]
 ) -> nn.Module:
@@ -128,7 +120,7 @@ ARCHITECTURES: dict[str, Architecture] = {
     ),
     "transformer": Architecture(
         "transformer", "the base model itself (no settings; the LSTM and matched baselines are base configs)",
-        _no_settings, _check_nothing, _build_plain,
+        lambda: {}, lambda base_config, settings: None, _build_plain,
     ),
 }
 
