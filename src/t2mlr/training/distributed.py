@@ -112,10 +112,6 @@ def current_env(device_preference: str = "auto") -> DistEnv:
 # Wrapping
 
 
-def scalar_params(module: nn.Module) -> set[nn.Parameter]:
-    return {p for p in module.parameters() if p.ndim == 0}
-
-
 def apply_fsdp(model: nn.Module, layers: list[nn.Module], middle: set[int]) -> nn.Module:
     """Shard each decoder layer, then the root (embeddings, head, fusion), in place.
 
@@ -124,18 +120,11 @@ def apply_fsdp(model: nn.Module, layers: list[nn.Module], middle: set[int]) -> n
     """
     from torch.distributed.fsdp import fully_shard
 
-    ignored = scalar_params(model)
+    ignored = {p for p in model.parameters() if p.ndim == 0}
     for index, layer in enumerate(layers):
         fully_shard(layer, reshard_after_forward=index not in middle, ignored_params=ignored & set(layer.parameters()))
     fully_shard(model, ignored_params=ignored)
     return model
-
-
-def apply_ddp(model: nn.Module, env: DistEnv, find_unused_parameters: bool = False) -> nn.Module:
-    from torch.nn.parallel import DistributedDataParallel
-
-    device_ids = [env.device.index] if env.device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=device_ids, find_unused_parameters=find_unused_parameters)
 
 
 def wrap_model(
@@ -152,7 +141,9 @@ def wrap_model(
     if parallel == "fsdp":
         return apply_fsdp(model, layers, middle)
     if parallel == "ddp":
-        return apply_ddp(model, env, find_unused_parameters)
+        device_ids = [env.device.index] if env.device.type == "cuda" else None
+        return nn.parallel.DistributedDataParallel(model, device_ids=device_ids,
+                                                   find_unused_parameters=find_unused_parameters)
     raise ValueError(f"unknown parallel mode {parallel!r}")
 
 
