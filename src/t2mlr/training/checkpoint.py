@@ -80,10 +80,6 @@ class TrainerState:
         return dict(self.__dict__)
 
 
-def step_dirname(step: int) -> str:
-    return f"step_{step:08d}"
-
-
 # ---------------------------------------------------------------------------------------------
 # Durable file primitives
 
@@ -283,7 +279,7 @@ class CheckpointManager:
         `extra_files` maps file names to text; `write_extra(directory)` writes anything else (the
         tokenizer); both land in the manifest."""
         model_state, optim_state = full_states(model, optimizer)
-        name = step_dirname(state.step)
+        name = f"step_{state.step:08d}"
         tmp = self.root / f"{TMP_PREFIX}{name}"
         if self.env.is_main:
             self._begin(tmp)
