@@ -32,7 +32,7 @@ import random
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -75,9 +75,6 @@ class TrainerState:
     torch_threads: int | None = None  # CPU threads of the run (None: not recorded by older versions)
     step_seconds: float | None = None  # time spent in optimizer steps so far (None: not recorded by older versions)
     cpu_kernels: str | None = None  # torch's CPU kernel set, e.g. AVX512 (None: not recorded by older versions)
-
-    def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -286,7 +283,7 @@ class CheckpointManager:
             save_weights(model_state, tmp / MODEL_FILE)
             write_durable(tmp / OPTIM_FILE, lambda p: torch.save(
                 {"optimizer": optim_state, "scheduler": scheduler.state_dict()}, p))
-            write_durable(tmp / STATE_FILE, lambda p: p.write_text(json.dumps(state.to_json(), indent=2)))
+            write_durable(tmp / STATE_FILE, lambda p: p.write_text(json.dumps(asdict(state), indent=2)))
             for filename, text in (extra_files or {}).items():
                 write_durable(tmp / filename, lambda p, text=text: p.write_text(text))
             if write_extra is not None:
