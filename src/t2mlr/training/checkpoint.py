@@ -186,11 +186,9 @@ def save_weights(state: dict[str, torch.Tensor], path: Path) -> None:
 def load_weights(path: Path) -> dict[str, torch.Tensor]:
     """Load weights written by `save_weights`, restoring aliased names; names of the 0.1 layout are
     renamed to today's (`t2mlr.model.checkpoint_keys`), so older runs resume."""
-    state: dict[str, torch.Tensor] = {}
     with safe_open(str(path), framework="pt") as handle:
         aliases = json.loads((handle.metadata() or {}).get(ALIAS_KEY, "{}"))
-        for name in handle.keys():
-            state[current_key(name)] = handle.get_tensor(name)
+        state = {current_key(name): handle.get_tensor(name) for name in handle.keys()}
     for alias, target in aliases.items():
         state[current_key(alias)] = state[current_key(target)]
     return state
