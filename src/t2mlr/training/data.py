@@ -185,7 +185,9 @@ def _line_tokens(record: dict[str, Any], tokenizer: Any | None, fields: _JsonlFi
                 f"field {fields.text_field!r} holds text but no tokenizer was given (set data.tokenizer in a "
                 f"training config), or give token ids in field {fields.ids_field!r}",
                 file, line_no)
-        ids = _tokenize_text(text, tokenizer, fields.eos_token_id)
+        ids = [int(t) for t in tokenizer(text, add_special_tokens=False)["input_ids"]]
+        if fields.eos_token_id is not None:  # closes each text (None without append_eos)
+            ids.append(int(fields.eos_token_id))
         what = f"the tokenizer's ids for field {fields.text_field!r}"
     else:
         raise DataError(f"the line has neither the ids field {fields.ids_field!r} nor the text field "
@@ -205,14 +207,6 @@ def _integer_ids(value: Any, what: str, file: Path, line_no: int) -> list[int]:
         if type(item) is not int or not -(2**63) <= item < 2**63:  # bool is an int subclass: refused too
             raise DataError(f"{what}: item {index} is {item!r}, not an integer token id", file, line_no)
     return value
-
-
-def _tokenize_text(text: str, tokenizer: Any, eos_token_id: int | None) -> list[int]:
-    """Token ids of one text, closed by `eos_token_id` unless it is None."""
-    ids = [int(t) for t in tokenizer(text, add_special_tokens=False)["input_ids"]]
-    if eos_token_id is not None:
-        ids.append(int(eos_token_id))
-    return ids
 
 
 # ---------------------------------------------------------------------------------------------
