@@ -61,7 +61,7 @@ from t2mlr.training.config import (
     config_from_tree,
     load_tree,
 )
-from t2mlr.training.data import Collator, build_dataset, eval_batches, labels_aligned
+from t2mlr.training.data import eval_batches
 from t2mlr.training.model_factory import base_config, build_model, load_initial_weights
 from t2mlr.training.trainer import FINAL_DIR, NonFiniteLossError, train
 from t2mlr.utils import exit_when_orphaned, resolve_device
@@ -231,9 +231,7 @@ def validation_batches(cfg: TrainConfig, max_batches: int | None = None) -> list
     count = cfg.eval.max_batches if max_batches is None else max_batches
     if count < 1:
         raise ValueError(f"--eval-batches must be >= 1, got {count}")
-    dataset = build_dataset(cfg.eval.data, vocab_size=base_config(cfg.model).vocab_size, name="eval.data")
-    collator = Collator(cfg.eval.data.pad_token_id, labels_aligned(dataset, cfg.eval.data))
-    return eval_batches(dataset, collator, cfg.eval.batch_size, count)
+    return eval_batches(cfg.eval.data, base_config(cfg.model).vocab_size, cfg.eval.batch_size, count)
 
 
 # ---------------------------------------------------------------------------------------------- training

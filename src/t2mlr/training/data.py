@@ -521,13 +521,16 @@ class StepBatches:
 
 
 def eval_batches(
-    dataset: Dataset, collator: Collator, batch_size: int, max_batches: int, rank: int = 0, world_size: int = 1,
+    cfg: DataConfig, vocab_size: int, batch_size: int, max_batches: int, rank: int = 0, world_size: int = 1,
 ) -> list[dict[str, torch.Tensor]]:
-    """A fixed evaluation set: the first `max_batches` global batches of `batch_size` rows, this rank's slices.
+    """A fixed evaluation set of the eval data `cfg` (`eval.data`, its token ids checked against `vocab_size`): the
+    first `max_batches` global batches of `batch_size` rows, this rank's slices.
 
     The set does not depend on the number of ranks, and every rank gets the same number of batches
     (FSDP runs collectives inside forward).
     """
+    dataset = build_dataset(cfg, vocab_size=vocab_size, name="eval.data")
+    collator = Collator(cfg.pad_token_id, labels_aligned(dataset, cfg))
     if batch_size % world_size:
         raise ValueError(f"eval.batch_size {batch_size} must be a multiple of the number of ranks {world_size}")
     per_rank = batch_size // world_size

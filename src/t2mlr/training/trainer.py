@@ -188,9 +188,7 @@ class Trainer:
         self.collator = Collator(cfg.data.pad_token_id, labels_aligned(self.train_set, cfg.data))
         self.eval_data: list[dict[str, torch.Tensor]] = []
         if cfg.eval.every > 0 and cfg.eval.data is not None:
-            eval_set = build_dataset(cfg.eval.data, vocab_size=vocab_size, name="eval.data")
-            eval_collator = Collator(cfg.eval.data.pad_token_id, labels_aligned(eval_set, cfg.eval.data))
-            self.eval_data = eval_batches(eval_set, eval_collator, cfg.eval.batch_size, cfg.eval.max_batches,
+            self.eval_data = eval_batches(cfg.eval.data, vocab_size, cfg.eval.batch_size, cfg.eval.max_batches,
                                           self.env.rank, self.env.world_size)
 
     def _sampler(self, start_step: int) -> ResumableBatchSampler:
