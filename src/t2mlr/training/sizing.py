@@ -52,7 +52,7 @@ import copy
 import functools
 import shlex
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -736,8 +736,7 @@ def _advice(cfg: TrainConfig, facts: ModelFacts, plan: Plan, kind: GpuKind) -> t
     widest = max(counts)
     n = next((n for n in counts if n > plan.devices and fits(plan_for(cfg, n, "fsdp"))), None)
     micro = next((m for m in range(plan.micro_batch - 1, 0, -1) if plan.devices in device_counts(cfg, m)
-                  and fits(replace(plan, micro_batch=m,
-                                   accumulation=cfg.train.global_batch_size // (m * plan.devices)))), None)
+                  and fits(plan_for(cfg, plan.devices, plan.parallel, m))), None)
     checkpointable = not checkpointing and facts.repeated_blocks and checkpointing_refusal(
         cfg.model.arch, cfg.model.settings) is None
     rescued = checkpointable and fits(plan, True)
