@@ -612,11 +612,6 @@ def _table_lines(run: RunSize) -> list[str]:
     return lines
 
 
-def run_precision(cfg: TrainConfig) -> str:
-    """The trainer's precision on a GPU: bf16 autocast unless the config asks for fp32."""
-    return "fp32" if cfg.train.precision == "fp32" else "bf16"
-
-
 def choose_parallel(cfg: TrainConfig, devices: int) -> str:
     """The data parallelism of the run: the config's, else FSDP2 on several devices."""
     if devices == 1:
@@ -650,7 +645,8 @@ def plan_for(cfg: TrainConfig, devices: int, parallel: str, micro_batch: int | N
         raise SizingError(f"{devices} devices do not divide eval.batch_size {cfg.eval.batch_size} (it is split evenly "
                           f"across ranks); device counts that divide both batches: {counts}")
     accumulation = t.global_batch_size // (micro * devices)
-    return Plan(devices, parallel if devices > 1 else "none", micro, accumulation, run_precision(cfg), device_type)
+    precision = "fp32" if t.precision == "fp32" else "bf16"  # the trainer's on a GPU: bf16 autocast unless asked
+    return Plan(devices, parallel if devices > 1 else "none", micro, accumulation, precision, device_type)
 
 
 def recomputed_flops(facts: ModelFacts, rows: int, seq_len: int, checkpointing: bool) -> float:
