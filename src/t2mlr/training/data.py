@@ -272,14 +272,13 @@ def _scan_token_array(tokens: np.ndarray, vocab_size: int, source: str | None, n
 # Building a dataset from config
 
 
-def build_dataset(cfg: DataConfig, vocab_size: int | None = None, sample_rows: int = DEFAULT_SAMPLE_ROWS,
-                  name: str = "data") -> Dataset:
+def build_dataset(cfg: DataConfig, vocab_size: int | None = None, name: str = "data") -> Dataset:
     """The dataset a data config describes (see `DataConfig`).
 
     Bad data raise a `DataError` here, before any training: a missing or empty file, a bad jsonl line
     (file and line named). With `vocab_size` (the model's, read from its config before the model is
     built) every token id is also checked against [0, vocab_size): jsonl lines as they are read (file
-    and line named), token shards by their dtype or a full chunked scan, other datasets on `sample_rows` rows
+    and line named), token shards by their dtype or a full chunked scan, other datasets on a sample of rows
     (`check_token_range`); the pad and end-of-text ids too. `name` is the config section (`data`,
     `eval.data`) the messages name.
     """
@@ -311,7 +310,7 @@ def build_dataset(cfg: DataConfig, vocab_size: int | None = None, sample_rows: i
     else:
         raise ValueError(f"unknown data source {cfg.source!r}")
     if vocab_size is not None:
-        check_token_range(dataset, vocab_size, sample_rows, name)
+        check_token_range(dataset, vocab_size, name=name)
     return dataset
 
 
