@@ -260,7 +260,6 @@ class Trainer:
 
     def _log_setup(self) -> None:
         t, env = self.cfg.train, self.env
-        accum = t.global_batch_size // (t.micro_batch_size * env.world_size)
         log.info("model: %s, %.2fM parameters", type(self.model).__name__, count_parameters(self.model) / 1e6)
         log.info("train forward path: %s (the model's choice)", describe_path(self.model, True))
         log.info("eval forward path: %s (the model's choice%s)",
@@ -269,7 +268,7 @@ class Trainer:
         log.info(
             "device %s, precision %s, parallel %s × %d rank(s); global batch %d = micro %d × accum %d × %d",
             env.device, self.precision, t.parallel if env.distributed else "none", env.world_size,
-            t.global_batch_size, t.micro_batch_size, accum, env.world_size,
+            t.global_batch_size, t.micro_batch_size, self._row_sampler.accum_steps, env.world_size,
         )
         log.info("schedule: %s over %d steps (warmup %d), training to step %d",
                  self.cfg.schedule.kind, self.cfg.horizon(), self.cfg.schedule.warmup_steps, t.max_steps)
