@@ -371,10 +371,8 @@ KEY_SYNONYMS: dict[str, tuple[str, ...]] = {
 def suggested_key(key: str, names: list[str]) -> str | None:
     """The valid key a misspelt or foreign-named one most likely means: a synonym from other libraries'
     configs (`learning_rate` → `lr`), else the closest spelling."""
-    for synonym in KEY_SYNONYMS.get(key.lower(), ()):
-        if synonym in names:
-            return synonym
-    return nearest_name(key, names)
+    synonym = next((name for name in KEY_SYNONYMS.get(key.lower(), ()) if name in names), None)
+    return synonym or nearest_name(key, names)
 
 
 def _unknown_key_message(dotted: str, key: str, names: list[str]) -> str:
