@@ -129,7 +129,7 @@ def manifest_problems(directory: Path, checksums: bool = True) -> list[str]:
 def recorded_state(run_dir: str | Path) -> dict[str, Any]:
     """The trainer state the newest readable checkpoint of a run recorded ({} if none)."""
     root = Path(run_dir) / "checkpoints"
-    for path in sorted(root.glob("step_*"), reverse=True) if root.is_dir() else []:
+    for path in sorted(root.glob("step_*"), reverse=True):
         try:
             return json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
         except (OSError, ValueError):
@@ -338,8 +338,6 @@ class CheckpointManager:
 
     def checkpoint_dirs(self) -> list[Path]:
         """Every `step_…` directory, newest first."""
-        if not self.root.is_dir():
-            return []
         return sorted((p for p in self.root.glob("step_*") if p.is_dir()), key=lambda p: p.name, reverse=True)
 
     def latest(self) -> Path | None:
