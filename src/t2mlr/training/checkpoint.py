@@ -342,8 +342,7 @@ class CheckpointManager:
 
     def latest(self) -> Path | None:
         """The newest checkpoint directory, verified or not (None when there is none yet)."""
-        found = self.checkpoint_dirs()
-        return found[0] if found else None
+        return next(iter(self.checkpoint_dirs()), None)
 
     def newest_verified(self) -> tuple[Path | None, list[str]]:
         """The newest checkpoint that matches its manifest (None if none does), and a line per newer one
