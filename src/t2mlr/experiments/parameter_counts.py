@@ -24,17 +24,13 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from t2mlr.experiments.s5 import t2mlr_config
+
 if TYPE_CHECKING:  # the heavy imports happen when the command runs, not when the CLI starts
     from t2mlr.baselines.matching import MatchedSet, ModelSpec
     from t2mlr.model import T2MLRConfig
 
 __all__ = ["PARAM_PRESETS", "main", "register"]
-
-
-def _s5_config(name: str) -> "T2MLRConfig":
-    from t2mlr.experiments.s5 import t2mlr_config
-
-    return t2mlr_config(name)
 
 
 def _smollm2_135m() -> "T2MLRConfig":
@@ -44,9 +40,9 @@ def _smollm2_135m() -> "T2MLRConfig":
 
 
 PARAM_PRESETS: dict[str, Callable[[], "T2MLRConfig"]] = {
-    "s5-tiny": partial(_s5_config, "tiny"),
-    "s5-cpu": partial(_s5_config, "cpu"),
-    "s5-paper": partial(_s5_config, "paper"),
+    "s5-tiny": partial(t2mlr_config, "tiny"),
+    "s5-cpu": partial(t2mlr_config, "cpu"),
+    "s5-paper": partial(t2mlr_config, "paper"),
     "smollm2-135m": _smollm2_135m,
 }
 SHAPE_NAMES = ("smollm2-135m", "smollm2-360m", "smollm2-1b")  # t2mlr.model.shapes.SHAPES, named here so --help needs no torch
