@@ -64,11 +64,6 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def no_gates_message(run_dir: str | Path) -> str:
-    return (f"{run_dir}: its metrics.jsonl has no gamma_cur/gamma_rec values: a plain Transformer or another "
-            "baseline (no fusion gates); left out")
-
-
 def _markdown(trajectories: Sequence[GateTrajectory], skipped: Sequence[str], figure: str) -> list[str]:
     rows = []
     for t in trajectories:
@@ -102,7 +97,8 @@ def run_gates(run_dirs: Sequence[str | Path], out: str | Path, labels: Sequence[
     for index, run_dir in enumerate(run_dirs):
         trajectory = gate_trajectory(run_dir)
         if trajectory is None:
-            skipped.append(no_gates_message(run_dir))
+            skipped.append(f"{run_dir}: its metrics.jsonl has no gamma_cur/gamma_rec values: a plain Transformer or "
+                           "another baseline (no fusion gates); left out")
             continue
         if labels is not None:
             trajectory.run = labels[index]
