@@ -30,7 +30,7 @@ import t2mlr.baselines  # noqa: F401  (registers the baseline model types, so sa
 from t2mlr.generation.loading import load_model
 from t2mlr.model import is_t2mlr
 from t2mlr.training.config import DataConfig, config_from_tree
-from t2mlr.training.data import Collator, build_dataset, count_targets, labels_aligned
+from t2mlr.training.data import Collator, count_targets, labels_aligned
 from t2mlr.training.distributed import DistEnv, shard_and_gather
 from t2mlr.training.model_factory import RECURRENCE_ONLY_INPUTS
 from t2mlr.utils import IGNORE_INDEX, TOKENIZER_FILES
@@ -48,7 +48,6 @@ __all__ = [
     "load_t2mlr_model",
     "model_batches",
     "model_inputs",
-    "read_rows",
     "saved_seq_len",
     "validation_loss",
 ]
@@ -175,11 +174,6 @@ def data_config_for(data: str | Path, model_dir: str | Path, seq_len: int | None
         return DataConfig(source="jsonl", path=str(path), seq_len=seq_len, tokenizer=tokenizer,
                           eos_token_id=eos_token_id)
     raise ValueError(f"data {str(path)!r}: expected a jsonl file or a shards directory (`t2mlr data tokenize`)")
-
-
-def read_rows(cfg: DataConfig, vocab_size: int, name: str = "--data") -> Any:
-    """The packed rows of a data config (the trainer's dataset, ids checked against the vocabulary)."""
-    return build_dataset(cfg, vocab_size=vocab_size, name=name)
 
 
 def draw_rows(available: int, count: int, seed: int, option: str, data: str | Path) -> list[int]:

@@ -36,11 +36,11 @@ from t2mlr.analysis.common import (
     fixed_depth,
     load_t2mlr_model,
     model_inputs,
-    read_rows,
 )
 from t2mlr.analysis.report import table, write_result
 from t2mlr.analysis.depth_grid import DEFAULT_ANCHOR, DEFAULT_DEPTHS
 from t2mlr.model import is_t2mlr
+from t2mlr.training.data import build_dataset
 
 __all__ = [
     "DEFAULT_ANCHOR",
@@ -206,7 +206,7 @@ def run_gradient_fidelity(
     model, info = load_t2mlr_model(model_dir, device, dtype,
                                    "gradient fidelity compares Jacobi depths of a T²MLR model")
     data_cfg = data_config_for(data, model_dir, seq_len, tokenizer, eos_token_id)
-    rows_data = read_rows(data_cfg, model.config.vocab_size)
+    rows_data = build_dataset(data_cfg, model.config.vocab_size, name="--data")
     picked = draw_rows(len(rows_data), batch_size, seed, "--batch-size", data)
     batch = collate_for(rows_data, data_cfg, picked)
     anchor_row, rows = fidelity_rows(model, batch, depths, anchor, repeats)

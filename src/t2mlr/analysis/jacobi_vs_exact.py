@@ -43,13 +43,12 @@ from t2mlr.analysis.common import (
     load_t2mlr_model,
     model_batches,
     model_inputs,
-    read_rows,
     validation_loss,
 )
 from t2mlr.analysis.report import table, write_result
 from t2mlr.model import is_t2mlr
 from t2mlr.training.arms import TrainedArm, arm_from_tree, config_tree, matched_arm, train_arms, validation_batches
-from t2mlr.training.data import count_targets
+from t2mlr.training.data import build_dataset, count_targets
 from t2mlr.training.metrics import read_metrics
 from t2mlr.utils import IGNORE_INDEX, resolve_device
 
@@ -290,7 +289,7 @@ def run_jacobi_depths(
     model_dir = Path(model_dir)
     model, info = load_t2mlr_model(model_dir, device, "float32", "Jacobi depths need a T²MLR model")
     cfg = data_config_for(data, model_dir, seq_len, tokenizer, eos_token_id)
-    dataset = read_rows(cfg, model.config.vocab_size)
+    dataset = build_dataset(cfg, model.config.vocab_size, name="--data")
     picked = draw_rows(len(dataset), rows, seed, "--rows", data)
     batches = model_batches(dataset, picked, batch_size, cfg)
     exact_loss, depth_table = depth_rows(model, batches, list(depths))

@@ -50,9 +50,9 @@ from t2mlr.analysis.common import (
     load_analysis_model,
     model_batches,
     model_inputs,
-    read_rows,
 )
 from t2mlr.analysis.report import table, write_result
+from t2mlr.training.data import build_dataset
 
 __all__ = [
     "ProbeResult",
@@ -306,7 +306,8 @@ def run_probes(
     if len(vocab_sizes) > 1:
         raise ValueError(f"the models have different vocabularies {sorted(vocab_sizes)}: probes compare models on "
                          "the same tokens")
-    dataset = read_rows(data_config_for(data, dirs[0], seq_len, tokenizer, eos_token_id), vocab_sizes.pop())
+    cfg = data_config_for(data, dirs[0], seq_len, tokenizer, eos_token_id)
+    dataset = build_dataset(cfg, vocab_sizes.pop(), name="--data")
     train_rows, held_rows = _split_rows(len(dataset), rows, heldout_fraction, seed)
     train_batches = model_batches(dataset, train_rows, batch_size)
     eval_batches = model_batches(dataset, held_rows, batch_size)
