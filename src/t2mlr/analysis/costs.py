@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from t2mlr.analysis.benchmarking import machine_info, open_gates, timed
+from t2mlr.analysis.benchmarking import machine_info, median_ratio, open_gates, timed
 from t2mlr.baselines.costs import decode_flops, train_step_flops
 from t2mlr.model import is_t2mlr
 from t2mlr.training.arms import Arm, fixed_threads
@@ -69,8 +69,7 @@ def paired_ratios(calls: dict[str, Callable[[int], object]], reference: str, rou
         shift = index % len(names)
         for name in names[shift:] + names[:shift]:
             times[name].append(timed(lambda name=name, index=index: calls[name](index), CPU))
-    return {name: (statistics.median(values),
-                   statistics.median(t / r for t, r in zip(values, times[reference]))) for name, values in times.items()}
+    return {name: (statistics.median(values), median_ratio(values, times[reference])) for name, values in times.items()}
 
 
 def _trainers(arms: Sequence[Arm], root: Path) -> dict[str, Trainer]:
