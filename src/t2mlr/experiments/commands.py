@@ -53,7 +53,9 @@ def setting(key: str, value: Any) -> str:
 
 
 def flag_overrides(args: argparse.Namespace, mapping: dict[str, Sequence[str]]) -> list[str]:
-    """The overrides the given flags spell (flag attribute → config keys), after the positional overrides."""
+    """The overrides the given flags spell (flag attribute → config keys, then every experiment's --device and
+    --parallel: train.device, train.parallel), after the positional overrides."""
+    mapping = {**mapping, "device": ("train.device",), "parallel": ("train.parallel",)}
     extra = [setting(key, getattr(args, flag)) for flag, keys in mapping.items() if getattr(args, flag, None) is not None
              for key in keys]
     return [*args.overrides, *extra]
@@ -217,8 +219,7 @@ def _s5_overrides(args: argparse.Namespace) -> list[str]:
     return flag_overrides(args, {"steps": ("train.max_steps", "task.baseline_steps"), "seed": ("train.seed",),
                                  "checkpoint_every": ("checkpoint.every",), "threads": ("task.torch_threads",),
                                  "train_recurrence": ("model.train_recurrence",), "d_forward": ("model.d_forward",),
-                                 "d_backward": ("model.d_backward",), "device": ("train.device",),
-                                 "parallel": ("train.parallel",)})
+                                 "d_backward": ("model.d_backward",)})
 
 
 def _run_s5(args: argparse.Namespace) -> Any:
@@ -318,7 +319,7 @@ def _run_s5_evidence(args: argparse.Namespace) -> Any:
     if args.checkpoint_every is not None and args.checkpoint_every < 0:
         raise ValueError(f"--checkpoint-every must be >= 0 (0: only at the end), got {args.checkpoint_every}")
     overrides = flag_overrides(args, {"steps": ("train.max_steps", "task.baseline_steps"),
-                                      "checkpoint_every": ("checkpoint.every",), "device": ("train.device",)})
+                                      "checkpoint_every": ("checkpoint.every",)})
     for variant in DESIGNS.get(args.preset, ()):  # a typo is reported before torch loads
         check_before_loading(s5.config_name(variant.preset), overrides, data_files=False, sections={"task": s5.S5Task},
                              rules=False)
@@ -403,8 +404,7 @@ def _run_finetune(args: argparse.Namespace) -> Any:
     overrides = flag_overrides(args, {"steps": ("train.max_steps",), "seed": ("train.seed",),
                                       "train_size": ("task.train_size",), "eval_size": ("task.eval_size",),
                                       "prefill": ("task.prefill",), "eval_batch_size": ("eval.batch_size",),
-                                      "recurrence_mask_policy": ("model.recurrence_mask_policy",),
-                                      "device": ("train.device",), "parallel": ("train.parallel",)})
+                                      "recurrence_mask_policy": ("model.recurrence_mask_policy",)})
     if args.out is None and not args.dry_run:
         raise ValueError("--out is required (the output directory), unless --dry-run")
     if get_task(args.task).needs_data and not args.dry_run:  # a missing data file is reported before torch loads
@@ -514,8 +514,7 @@ def _run_retrofit(args: argparse.Namespace) -> Any:
     overrides = flag_overrides(args, {"seed": ("train.seed",), "steps": ("train.max_steps",), "source": ("model.pretrained",),
                                       "gguf_file": ("model.gguf_file",), "train_path": ("task.train_path",),
                                       "eval": ("task.eval_data",), "eval_path": ("task.eval_path",),
-                                      "recurrence_mask_policy": ("model.recurrence_mask_policy",),
-                                      "device": ("train.device",), "parallel": ("train.parallel",)})
+                                      "recurrence_mask_policy": ("model.recurrence_mask_policy",)})
     task, tree = load(retrofit.config_name(args.preset), overrides, retrofit.RetrofitTask)
     if args.dry_run:
         arms, notes = retrofit.dry_run_arms(task, tree, args.out)
@@ -584,8 +583,7 @@ input or an existing run directory.
 def _run_pretrain(args: argparse.Namespace) -> Any:
     from t2mlr.experiments import pretrain
 
-    overrides = flag_overrides(args, {"steps": ("train.max_steps",), "device": ("train.device",),
-                                      "parallel": ("train.parallel",)})
+    overrides = flag_overrides(args, {"steps": ("train.max_steps",)})
     task, tree = load(pretrain.config_name(args.preset), overrides, pretrain.PretrainTask)
     if args.dry_run:
         arms, notes = pretrain.dry_run_arms(tree, args.out)
