@@ -213,19 +213,16 @@ def _common(p: argparse.ArgumentParser, prefix: str, default: str, out: Path | N
 # ---------------------------------------------------------------------------------------------- S5-Retrieval
 
 
-def _s5_overrides(args: argparse.Namespace) -> list[str]:
-    if args.checkpoint_every is not None and args.checkpoint_every < 0:
-        raise ValueError(f"--checkpoint-every must be >= 0 (0: only at the end), got {args.checkpoint_every}")
-    return flag_overrides(args, {"steps": ("train.max_steps", "task.baseline_steps"), "seed": ("train.seed",),
-                                 "checkpoint_every": ("checkpoint.every",), "threads": ("task.torch_threads",),
-                                 "train_recurrence": ("model.train_recurrence",), "d_forward": ("model.d_forward",),
-                                 "d_backward": ("model.d_backward",)})
-
-
 def _run_s5(args: argparse.Namespace) -> Any:
     from t2mlr.experiments import s5
 
-    task, tree = load(s5.config_name(args.preset), _s5_overrides(args), s5.S5Task)
+    if args.checkpoint_every is not None and args.checkpoint_every < 0:
+        raise ValueError(f"--checkpoint-every must be >= 0 (0: only at the end), got {args.checkpoint_every}")
+    overrides = flag_overrides(args, {"steps": ("train.max_steps", "task.baseline_steps"), "seed": ("train.seed",),
+                                      "checkpoint_every": ("checkpoint.every",), "threads": ("task.torch_threads",),
+                                      "train_recurrence": ("model.train_recurrence",), "d_forward": ("model.d_forward",),
+                                      "d_backward": ("model.d_backward",)})
+    task, tree = load(s5.config_name(args.preset), overrides, s5.S5Task)
     model = tree["model"]
     if model.get("train_recurrence") == "exact" and (args.d_forward is not None or args.d_backward is not None):
         raise ValueError("--d-forward / --d-backward set the Jacobi training depths; T²MLR trains on the exact path "
@@ -236,8 +233,7 @@ def _run_s5(args: argparse.Namespace) -> Any:
     if args.dry_run:
         arms, notes = s5.dry_run_arms(task, tree, args.out, tuple(args.models))
         models = None if tuple(args.models) == s5.MODEL_NAMES else args.models
-        return dry_run(args, ["experiment", "s5-retrieval"], _s5_overrides(args), args.out, arms, notes,
-                       {"--models": models})
+        return dry_run(args, ["experiment", "s5-retrieval"], overrides, args.out, arms, notes, {"--models": models})
     with ranks(tree):
         return s5.run(args.preset, task, tree, args.out, tuple(args.models), args.resume, args.overwrite, args.workers)
 
