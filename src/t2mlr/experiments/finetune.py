@@ -213,12 +213,6 @@ def make_plan(preset: str, task: FinetuneTask, tree: dict[str, Any], arms: str |
                         prefill_depth)
 
 
-def _t2mlr_settings(tree: dict[str, Any]) -> dict[str, Any]:
-    model = tree["model"]
-    return {key: model[key] for key in ("d_forward", "d_backward", "train_recurrence", "eval_recurrence",
-                                        "recurrence_mask_policy")}
-
-
 def check_checkpoint_matches(spec: ModelSpec, config: Any, where: str) -> None:
     """Refuse a checkpoint built for another arm (its model type and, for T²MLR, its placement)."""
     model_type = getattr(config, "model_type", None)
@@ -269,7 +263,9 @@ def build_arms(plan: FinetunePlan, tree: dict[str, Any]) -> tuple[list[Arm], int
     from t2mlr.training.arms import Arm, arm_from_tree, matched_arm
     from t2mlr.training.config import config_from_tree
 
-    settings, start = _t2mlr_settings(tree), plan.start
+    start = plan.start
+    settings = {key: tree["model"][key] for key in ("d_forward", "d_backward", "train_recurrence", "eval_recurrence",
+                                                    "recurrence_mask_policy")}  # the preset's, for started arms
     arms = []
     for spec in plan.specs:
         label = spec.label
