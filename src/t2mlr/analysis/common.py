@@ -134,15 +134,6 @@ def saved_seq_len(model_dir: str | Path) -> int | None:
     return int(value) if value is not None else None
 
 
-def training_data_config(model_dir: str | Path) -> DataConfig:
-    """The `data` section of the trainer config saved in a model directory (what the model trained on)."""
-    tree = _saved_trainer_tree(model_dir)
-    if tree is None:
-        raise ValueError(f"--data {TRAINING_DATA}: {model_dir} holds no {TRAINER_CONFIG} (not written by the trainer), "
-                         "so its training data are unknown; pass a data file")
-    return config_from_tree(tree).data
-
-
 def data_config_for(data: str | Path, model_dir: str | Path, seq_len: int | None = None,
                     tokenizer: str | None = None, eos_token_id: int | None = None) -> DataConfig:
     """A `DataConfig` for a data path: a shards directory (it holds manifest.json) or a jsonl file (text lines use `tokenizer`, by default the model
@@ -152,7 +143,11 @@ def data_config_for(data: str | Path, model_dir: str | Path, seq_len: int | None
         if tokenizer is not None or eos_token_id is not None:
             raise ValueError(f"--data {TRAINING_DATA} reads the training data as the model was trained on them; "
                              "--tokenizer and --eos-token-id do not apply")
-        cfg = training_data_config(model_dir)
+        tree = _saved_trainer_tree(model_dir)
+        if tree is None:
+            raise ValueError(f"--data {TRAINING_DATA}: {model_dir} holds no {TRAINER_CONFIG} (not written by the "
+                             "trainer), so its training data are unknown; pass a data file")
+        cfg = config_from_tree(tree).data  # the data section of its saved trainer config: what it trained on
         if seq_len is not None:
             cfg.seq_len = seq_len
         return cfg
