@@ -273,14 +273,13 @@ def rewrite_report(design: str, seeds: Sequence[int], out: Path, report: Path) -
     are: nothing under `out` is written, trained, evaluated or measured (e.g. after a change to the report
     itself). Refused when a seed's results or a cost measurement is missing."""
     check_design(design)
-    needed = [seed_dir(out, seed) / variant.preset / RESULTS_JSON for seed in seeds for variant in DESIGNS[design]]
-    needed += [costs_file(out, variant.preset) for variant in DESIGNS[design]]
+    places = [RunPlace(seed, variant.preset, seed_dir(out, seed) / variant.preset, variant.arms)
+              for seed in seeds for variant in DESIGNS[design]]
+    needed = [place.out / RESULTS_JSON for place in places] + [costs_file(out, v.preset) for v in DESIGNS[design]]
     missing = [str(path) for path in needed if not path.is_file()]
     if missing:
         raise ValueError(f"--report-only writes the report from a finished study; missing: {', '.join(missing)} "
                          "(run the study without --report-only first)")
-    places = [RunPlace(seed, variant.preset, seed_dir(out, seed) / variant.preset, variant.arms)
-              for seed in seeds for variant in DESIGNS[design]]
     failed = {f"s{place.seed}/{place.preset}/{name}": message for place in places
               for name, message in json.loads((place.out / RESULTS_JSON).read_text()).get("failed", {}).items()}
     costs = {variant.preset: json.loads(costs_file(out, variant.preset).read_text(encoding="utf-8"))
