@@ -710,7 +710,7 @@ def write_report(places: Sequence[RunPlace], out: Path, report: Path, costs: Map
                "gradient_fidelity_mean_cosine": {tag: {title: {f"{f},{b}": statistics.fmean(v) for (f, b), v in cells.items()}
                                                        for title, cells in p.items()} for tag, p in panels.items()},
                "eval_paths": depth_payload, "failed": dict(failed)}
-    lines = _readme(rows, seeds, costs, gaps, gate_table, panels, depth_table, failed, figures, gates_figure, report)
+    lines = _readme(rows, seeds, costs, gaps, gate_table, panels, depth_table, failed, figures, gates_figure)
     readme, _ = write_result(report, "summary", lines, summary, markdown_stem="README")
     print(f"[s5-evidence] wrote the report: {readme}")
     return summary
@@ -718,7 +718,7 @@ def write_report(places: Sequence[RunPlace], out: Path, report: Path, costs: Map
 
 def _readme(rows: Mapping[str, Sequence[Mapping[str, Any]]], seeds: Sequence[int], costs: Mapping[str, Any],
             gaps: Mapping[str, Any], gate_table: list[str], panels: Mapping[str, Any], depth_table: list[str],
-            failed: Mapping[str, str], figures: Mapping[str, Path], gates_figure: Path | None, report: Path) -> list[str]:
+            failed: Mapping[str, str], figures: Mapping[str, Path], gates_figure: Path | None) -> list[str]:
     lines = [
         "# S5-Retrieval evidence study",
         "",
