@@ -240,6 +240,7 @@ def run(preset: str, task: RetrofitTask, tree: dict[str, Any], out: Path, overwr
     shared out over the ranks (docs/scale.md)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from t2mlr.analysis.figures import plot_retrofit
     from t2mlr.analysis.report import write_result
     from t2mlr.baselines.matching import count_parameters
     from t2mlr.tasks.jsonl import write_jsonl
@@ -294,7 +295,9 @@ def run(preset: str, task: RetrofitTask, tree: dict[str, Any], out: Path, overwr
                "total_seconds": time.perf_counter() - started, "models": models}
     if env.is_main:
         write_result(out, "results", results_markdown(results, tree), results)
-        plot(results, out / "retrofit.png")
+        plot_retrofit({ARM_LABELS[name]: models[name]["accuracy"] for name in MODELS},
+                      {ARM_LABELS[arm]: models[arm]["losses"] for arm in ARMS},
+                      f"accuracy ({METRIC_LABELS[results['metrics'][0]]})", out / "retrofit.png")
     return results
 
 
@@ -335,16 +338,6 @@ def results_markdown(results: dict[str, Any], tree: dict[str, Any]) -> list[str]
             "final training loss"]
     lines += table(head, rows)
     return lines + ["", f"Whole run: {results['total_seconds'] / 60:.1f} min. Final loss: mean of the last 5 steps."]
-
-
-def plot(results: dict[str, Any], path: Path) -> None:
-    """Accuracy per model (left) and the training loss per finetuned arm (right)."""
-    from t2mlr.analysis.figures import plot_retrofit
-
-    models = results["models"]
-    plot_retrofit({ARM_LABELS[name]: models[name]["accuracy"] for name in MODELS},
-                  {ARM_LABELS[arm]: models[arm]["losses"] for arm in ARMS},
-                  f"accuracy ({METRIC_LABELS[results['metrics'][0]]})", path)
 
 
 def seeds_summary(results: Sequence[dict[str, Any]], metric: str) -> str:
