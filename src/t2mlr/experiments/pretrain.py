@@ -147,8 +147,10 @@ def evaluate(task: PretrainTask, arms: list[Any], trained: dict[str, Any], env: 
         model = load_analysis_model(trained[arm.name].model_dir, device=str(device))
         paths = [("plain", {})] if arm.name == "transformer" else [("exact", {"recurrence": "exact"}),
                                                                     (f"jacobi (d_forward {model_cfg.d_forward})", jacobi)]
-        rows += [{"model": arm.name, "label": arm.label, "path": path, "parameters": describe_model(model).parameters,
-                  **validation_loss(model, batches, env=env, **call)} for path, call in paths]
+        for path, call in paths:
+            result = validation_loss(model, batches, env=env, **call)
+            rows.append({"model": arm.name, "label": arm.label, "path": path,
+                         "parameters": describe_model(model).parameters, **result})
     return rows
 
 

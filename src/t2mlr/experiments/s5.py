@@ -489,8 +489,11 @@ def per_n_table(results: Sequence[ModelResult]) -> list[str]:
     from t2mlr.analysis.report import table
 
     ns = sorted({n for r in results for n in r.per_n})
-    rows = [[n, *[f"{_fmt(r.per_n[n].exact_match)} / {_fmt(r.per_n[n].token_accuracy)}" if n in r.per_n else "–"
-                  for r in results]] for n in ns]
+    rows = []
+    for n in ns:
+        cells = [f"{_fmt(r.per_n[n].exact_match)} / {_fmt(r.per_n[n].token_accuracy)}" if n in r.per_n else "–"
+                 for r in results]
+        rows.append([n, *cells])
     return table(["N", *[f"{r.label} EM / tok" for r in results]], rows, "r" * (len(results) + 1))
 
 
