@@ -19,9 +19,11 @@ three placements, three pairs: about 8.5 minutes.
 
 `--cache static` decodes both models with preallocated caches (T²MLR: `T2MLRStaticCache`, R included; the
 Transformer: `StaticCache`), and `--compile MODE` compiles both decode steps the same way
-(`torch.compile(fullgraph=True)`; `reduce-overhead` captures CUDA graphs). Compiled runs get one untimed
-run at each length first, so compilation and graph capture are not timed. `--profile` adds, after the
-table, torch.profiler's summary of one run of each model at the first length (where the time goes).
+(`torch.compile(fullgraph=True)`; `reduce-overhead` captures CUDA graphs). A static cache is sized for the
+longest length in every run (generate(max_cache_len=...)), so each model's step has one shape: it is
+compiled and captured once, in untimed warm-up runs. `--plain` also times T²MLR against its own base model
+(the same weights without the recurrence, `base_decoder()`), where issue 45's target is ≤ 1.03×; the matched
+Transformer is wider. `--profile` adds, after the table, torch.profiler's summary of one run of each model at the first length (where the time goes).
 
 `--models` compares any arms side by side instead, each against the parameter-matched Transformer and
 each next to its FLOP-model prediction (`t2mlr.baselines.costs`): `t2mlr:S-E` (T²MLR at the base width),
@@ -36,6 +38,8 @@ reported: each one's median ms/token and the median of the per-pair ratios.
     python benchmarks/decode_overhead.py --device cuda         # GPU: 512/1024/2048 tokens, bf16
     python benchmarks/decode_overhead.py --lengths 512 --placements 9-22 --repeats 5 --threads 2   # idle machine
     python benchmarks/decode_overhead.py --device cuda --cache static --compile reduce-overhead   # CUDA graphs
+    python benchmarks/decode_overhead.py --device cuda --cache static --compile reduce-overhead --plain \
+        --placements 13-18 --lengths 512,2048                  # benchmarks/gpu/run.sh A
     python benchmarks/decode_overhead.py --models t2mlr:13-18,t2mlr:9-22,pause:2,looped:full:2,looped:9-22:3,transformer \
         --lengths 32,128                                       # the paper's looped and pause-token baselines
 """
@@ -43,7 +47,9 @@ reported: each one's median ms/token and the median of the per-pair ratios.
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
+import time
 from collections.abc import Callable
 
 import torch
@@ -93,6 +99,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="dynamic (T2MLRCache / DynamicCache, the default) or static (T2MLRStaticCache / StaticCache)")
     p.add_argument("--compile", default="off", choices=COMPILE_MODES,
                    help="torch.compile mode of both decode steps (needs --cache static; reduce-overhead: CUDA graphs)")
+    p.add_argument("--plain", action="store_true",
+                   help="also time T²MLR against its own base model (same weights, no recurrence)")
     p.add_argument("--profile", action="store_true",
                    help="also print torch.profiler's operator summary of one run of each model (first length)")
     args = p.parse_args(argv)
@@ -137,8 +145,12 @@ def build_baseline(t2mlr_params: int, args: argparse.Namespace) -> PreTrainedMod
 
 
 def decoding_settings(args: argparse.Namespace) -> dict[str, object]:
-    """generate() arguments of `--cache` and `--compile`, the same for T²MLR and the Transformer."""
-    return {} if args.cache == "dynamic" else compiled_decoding_kwargs(args.compile)
+    """generate() arguments of `--cache` and `--compile`, the same for T²MLR and the Transformer. A static
+    cache holds the longest run (BOS + the longest length) in every run: the step's shapes never change,
+    so it is compiled and captured once per model."""
+    if args.cache == "dynamic":
+        return {}
+    return {**compiled_decoding_kwargs(args.compile), "max_cache_len": max(args.lengths) + 1}
 
 
 def greedy_run(model: PreTrainedModel, new_tokens: int, device: torch.device,
@@ -172,9 +184,6 @@ def measure_pairs(
     """`--repeats` paired generation times of `model` and the baseline, and the median per-pair ratio."""
     settings = decoding_settings(args)
     runs = greedy_run(model, length, args.device, settings), greedy_run(baseline, length, args.device, settings)
-    if args.compile != "off":  # compile and capture this length's step before timing it
-        for run in runs:
-            run()
     ours, base = paired_times(*runs, args.repeats, args.device)
     ratio = median_ratio(ours, base)
     print(f"  {name} {length:5d} tokens: ratio {ratio:.3f} (pairs: "
@@ -183,28 +192,36 @@ def measure_pairs(
 
 
 def warm_up(*models: PreTrainedModel, device: torch.device, settings: dict[str, object] | None = None) -> None:
-    """Lazy initialisation, allocator, kernel selection: one short generation each before timing."""
+    """Lazy initialisation, allocator, kernel selection, and with --compile the compilation and CUDA-graph
+    capture of the step's one shape: short generations of each model before timing."""
     for model in models:
-        greedy_run(model, 8, device, settings)()
+        start = time.perf_counter()
+        for _ in range(2 if settings and "compile_config" in settings else 1):
+            greedy_run(model, 8, device, settings)()
+        print(f"  warm-up of {type(model).__name__}: {time.perf_counter() - start:.1f} s", flush=True)
 
 
 def measure_placement(
     placement: tuple[int, int], baseline: PreTrainedModel, args: argparse.Namespace
 ) -> list[list[object]]:
-    """Table rows (one per length) for one placement."""
+    """Table rows (one per reference and length) for one placement: against its own base model first
+    (--plain), then against the matched Transformer."""
     model = build_t2mlr(placement, args)
-    warm_up(model, baseline, device=args.device, settings=decoding_settings(args))
+    references = [("plain base", model.base_decoder().eval())] if args.plain else []
+    references.append(("matched Transformer", baseline))
+    warm_up(model, *(reference for _, reference in references), device=args.device, settings=decoding_settings(args))
     rows = []
-    for length in args.lengths:
-        ours, base, ratio = measure_pairs(str(placement), model, baseline, length, args)
+    for (name, reference), length in itertools.product(references, args.lengths):
+        ours, base, ratio = measure_pairs(f"{placement} vs {name}", model, reference, length, args)
         rows.append(
             [
                 f"T²MLR{placement}",
+                name,
                 length,
                 f"{statistics.median(ours):.2f}",
                 f"{statistics.median(base):.2f}",
-                f"{1000 * statistics.median(ours) / length:.1f}",
-                f"{1000 * statistics.median(base) / length:.1f}",
+                f"{1000 * statistics.median(ours) / length:.2f}",
+                f"{1000 * statistics.median(base) / length:.2f}",
                 f"{ratio:.3f}×",
             ]
         )
@@ -281,7 +298,8 @@ def main(argv: list[str] | None = None) -> None:
         rows += measure_placement(placement, baseline, args)
     if args.profile:
         print_profiles(args.placements[0], baseline, args)
-    headers = ["model", "new tokens", "T²MLR s", "baseline s", "T²MLR ms/token", "baseline ms/token", "time ratio"]
+    headers = ["model", "against", "new tokens", "T²MLR s", "baseline s", "T²MLR ms/token", "baseline ms/token",
+               "time ratio"]
     title = (f"Decoding overhead vs the parameter-matched Transformer ({str(args.dtype).removeprefix('torch.')}, "
              f"greedy from BOS, {args.cache} cache, compile {args.compile}, median of {args.repeats} paired runs)")
     print_report(title, info, "decode_overhead.py", argv, headers, rows)

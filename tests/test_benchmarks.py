@@ -54,8 +54,22 @@ def test_decode_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> None:
     load_script("decode_overhead").main(["--hidden", "64", "--lengths", "4", "--placements", "2-3", "--repeats", "1"])
     out = capsys.readouterr().out
     (row,) = table_rows(out)
-    assert row[:2] == ["T²MLR(2, 3)", "4"] and float(row[-1].rstrip("×")) > 0
+    assert row[:3] == ["T²MLR(2, 3)", "matched Transformer", "4"] and float(row[-1].rstrip("×")) > 0
     assert "proportions at hidden 64" in out
+
+
+def test_decode_benchmark_times_t2mlr_against_its_own_base_too(capsys: pytest.CaptureFixture[str]) -> None:
+    """--plain (issue 45's decode target is against the plain base): one row per reference and length,
+    the plain base first; with a static cache every run is sized for the longest length (one compiled shape)."""
+    script = load_script("decode_overhead")
+    script.main(["--hidden", "64", "--lengths", "3,5", "--placements", "2-3", "--repeats", "1", "--plain",
+                 "--cache", "static"])
+    rows = table_rows(capsys.readouterr().out)
+    assert [row[1:3] for row in rows] == [["plain base", "3"], ["plain base", "5"],
+                                          ["matched Transformer", "3"], ["matched Transformer", "5"]]
+    assert all(float(row[-1].rstrip("×")) > 0 for row in rows)
+    settings = script.decoding_settings(script.parse_args(["--cache", "static", "--lengths", "3,5"]))
+    assert settings["max_cache_len"] == 6
 
 
 def test_decode_benchmark_runs_both_models_on_static_caches(capsys: pytest.CaptureFixture[str]) -> None:
@@ -66,7 +80,8 @@ def test_decode_benchmark_runs_both_models_on_static_caches(capsys: pytest.Captu
                  "--profile"])
     out = capsys.readouterr().out
     row = table_rows(out)[0]
-    assert row[:2] == ["T²MLR(2, 3)", "4"] and float(row[-1].rstrip("×")) > 0 and "static cache, compile off" in out
+    assert row[:3] == ["T²MLR(2, 3)", "matched Transformer", "4"] and float(row[-1].rstrip("×")) > 0
+    assert "static cache, compile off" in out
     for name in ("T²MLR(2, 3)", "Transformer (matched)"):  # where the time goes, per model
         profile = out.split(f"### Profile: {name}, 4 new tokens")[1]
         assert "Self CPU" in profile and "aten::" in profile
