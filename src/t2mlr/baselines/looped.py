@@ -151,6 +151,8 @@ class LoopedCache(DynamicCache):
             raise ValueError(f"LoopedCache needs the LoopedConfig of its model, got {type(config).__name__}")
         kinds, kinds_kwargs = get_layer_types_and_kwargs(config.base_config.get_text_config(decoder=True))
         schedule = config.block_schedule()
+        if isinstance(kinds_kwargs, dict):  # transformers < 5.19: one kwargs dict for every layer, not a list
+            kinds_kwargs = [kinds_kwargs] * len(kinds)
         layers = [DYNAMIC_LAYER_TYPE_MAPPING[kinds[block]](**kinds_kwargs[block]) for block in schedule]
         # the slot layout replaces the per-block one DynamicCache.__init__ would build
         Cache.__init__(self, layers=layers, offloading=offloading, offload_only_non_sliding=False)
