@@ -4,6 +4,7 @@ tokenizer, and the `corpus` command group."""
 from __future__ import annotations
 
 import gzip
+import hashlib
 import itertools
 import json
 from pathlib import Path
@@ -153,3 +154,33 @@ def test_the_installed_gcide_index_parses() -> None:
     assert len(entries) > 100_000
     assert len({offset for offset, _, _ in entries}) == len(entries)
     assert all(a[0] + a[1] <= b[0] for a, b in itertools.pairwise(entries))  # distinct, non-overlapping, in order
+
+
+def test_python_sources_are_one_document_per_file_in_hash_order(tmp_path: Path) -> None:
+    """The source a machine without Debian's packages still has: *.py files, caches, empty files, non-UTF-8 and
+    generated giants left out; the order is the hash of the path, so any prefix samples every package."""
+    from t2mlr.corpus.offline import MAX_SOURCE_FILE_BYTES, python_source_documents
+
+    root = tmp_path / "site"
+    for package in ("alpha", "beta", "gamma"):
+        for i in range(4):
+            (root / package).mkdir(parents=True, exist_ok=True)
+            (root / package / f"m{i}.py").write_text(f"def f{i}():\n    return '{package}'\n", encoding="utf-8")
+    (root / "alpha" / "__pycache__").mkdir()
+    (root / "alpha" / "__pycache__" / "m0.py").write_text("cached = 1\n")
+    (root / "alpha" / "empty.py").write_text("  \n")
+    (root / "beta" / "latin1.py").write_bytes("name = 'caf\xe9'\n".encode("latin-1"))
+    (root / "gamma" / "table.py").write_text("x = 1\n" * (MAX_SOURCE_FILE_BYTES // 6 + 1))
+    (root / "gamma" / "notes.txt").write_text("not python\n")
+    skipped: list[str] = []
+    docs = list(python_source_documents(root, skipped))
+    ids = [doc["id"] for doc in docs]
+    assert sorted(ids) == sorted(f"python-sources/{p}/m{i}.py" for p in ("alpha", "beta", "gamma") for i in range(4))
+    assert ids != sorted(ids) and ids == sorted(ids, key=lambda i: hashlib.sha256(i.split("/", 1)[1].encode()).digest())
+    assert {doc["source"] for doc in docs} == {"python-sources"} and "return 'beta'" in docs[ids.index(
+        "python-sources/beta/m1.py")]["text"]
+    assert skipped == ["python-sources/beta/latin1.py"]
+    summary = prepare_offline_corpus(tmp_path / "out", sources=["python-sources"], python_sources_root=root)
+    assert summary["documents"] == 12 and summary["origins"] == {"python-sources": str(root)}
+    with pytest.raises(CorpusError, match="not a directory"):
+        prepare_offline_corpus(tmp_path / "out2", sources=["python-sources"], python_sources_root=tmp_path / "none")

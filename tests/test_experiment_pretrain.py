@@ -67,3 +67,41 @@ def test_validation_is_held_out_and_its_loss_matches_a_hand_written_evaluation(t
     (plain,) = [row for row in results["results"] if row["model"] == "transformer"]
     assert plain["tokens"] == count
     assert plain["loss"] == pytest.approx(total / count, abs=1e-4)
+
+
+def test_curves_carry_tokens_and_seconds_per_logged_step(tiny_run: Path) -> None:
+    """The curves plotted per token and per second: tokens grow by one global batch of rows per step."""
+    results = json.loads((tiny_run / "results.json").read_text())
+    config = yaml.safe_load((tiny_run / "transformer" / "config.yaml").read_text())
+    per_step = config["train"]["global_batch_size"] * config["data"]["seq_len"]
+    curve = results["curves"]["transformer"]
+    assert [tokens for _, tokens in curve["tokens"]] == [step * per_step for step, _ in curve["train"]]
+    seconds = [value for _, value in curve["step_seconds"]]
+    assert seconds == sorted(seconds) and seconds[0] > 0
+
+
+def test_equal_token_comparison_reads_each_curve_at_the_slowest_arms_tokens() -> None:
+    """A time budget gives the arms different token counts: each is read at its last evaluation within the fewest."""
+    from t2mlr.experiments.pretrain import same_tokens_lines, validation_loss_at_tokens
+
+    slow = {"tokens": [(10, 1000), (20, 2000)], "eval": [(10, 3.0), (20, 2.5)]}
+    fast = {"tokens": [(10, 1000), (20, 2000), (30, 3000), (40, 4000)], "eval": [(10, 3.2), (20, 2.7), (40, 2.1)]}
+    assert validation_loss_at_tokens(fast, 2000) == (2000, 2.7) and validation_loss_at_tokens(fast, 999) is None
+    lines = same_tokens_lines({"slow": slow, "fast": fast}, {"slow": "T²MLR", "fast": "Transformer"})
+    assert "after at most 2,000 tokens" in lines[0]
+    assert "- T²MLR: 2.5000 after 2,000 tokens" in lines and "- Transformer: 2.7000 after 2,000 tokens" in lines
+    assert same_tokens_lines({"slow": slow, "again": slow}, {"slow": "a", "again": "b"}) == []  # equal data: no line
+
+
+def test_task_settings_are_checked_and_arms_can_be_chosen() -> None:
+    from t2mlr.experiments.commands import load
+    from t2mlr.experiments.pretrain import PretrainTask, config_name, dry_run_arms
+
+    for bad, message in ((dict(arms=("transformer", "lstm")), "task.arms"), (dict(arms=()), "task.arms"),
+                         (dict(tokenizer_documents=0), "tokenizer_documents"), (dict(tokenize_workers=0), "workers"),
+                         (dict(eval_batches=2, exact_eval_batches=3), "exact_eval_batches")):
+        with pytest.raises(ValueError, match=message):
+            PretrainTask(**bad)
+    task, tree = load(config_name("gpu"), [], PretrainTask)
+    arms, _ = dry_run_arms(tree, "/tmp/unused", task.arms)
+    assert [arm.name for arm in arms] == ["t2mlr_middle", "transformer"] and tree["train"]["max_seconds"] == 160

@@ -64,7 +64,11 @@ def test_every_experiment_and_preset_dry_runs_and_writes_nothing(case, tmp_path,
     sized = [arm for arm in report["arms"] if "not_sized" not in arm]
     assert sized and report["total"]["sized_arms"] == len(sized)
     assert report["total"]["gpu_hours"] == pytest.approx(math.fsum(arm["gpu_hours"] for arm in sized))
-    assert report["total"]["steps"] == sum(arm["max_steps"] for arm in sized)
+    assert report["total"]["steps"] == sum(arm["steps"] for arm in sized)
+    for arm in sized:  # a time budget (train.max_seconds) ends a run before max_steps at the modelled speed
+        budget = arm["max_seconds"]
+        assert arm["steps"] == (arm["max_steps"] if budget is None else
+                                min(arm["max_steps"], math.ceil(budget / arm["step_seconds"])))
     assert report["launch"].startswith(f"t2mlr experiment {' '.join(case[:-1])} --preset {case[-1]} --out {out}")
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
@@ -82,7 +86,7 @@ def arms_of(case: tuple[str, ...], out: Path, overrides: list[str]) -> list:
         task, tree = load(retrofit.config_name(rest[-1]), overrides, retrofit.RetrofitTask)
         return retrofit.dry_run_arms(task, tree, out)[0]
     task, tree = load(pretrain.config_name(rest[-1]), overrides, pretrain.PretrainTask)
-    return pretrain.dry_run_arms(tree, out)[0]
+    return pretrain.dry_run_arms(tree, out, task.arms)[0]
 
 
 @pytest.mark.parametrize(("case", "devices"), [(("finetune", "gsm-aug", "paper"), "4"), (("pretrain", "cpu"), "1"),

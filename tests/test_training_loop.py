@@ -133,3 +133,26 @@ def test_tensorboard_is_optional(tmp_path: Path) -> None:
     pytest.importorskip("tensorboard")
     train(tiny("train.max_steps=1", "logging.tensorboard=true"), tmp_path / "tb")
     assert any((tmp_path / "tb" / "tensorboard").iterdir())
+
+
+def test_a_time_budget_ends_the_run_as_finished_at_the_step_that_spends_it(tmp_path: Path) -> None:
+    """train.max_seconds: the run stops after the first step whose summed step time reaches the budget (not
+    before it, not later), writes its final model and says so in its last record; a longer budget resumes it."""
+    run = tmp_path / "run"
+    result = train(tiny("train.max_steps=100000", "train.max_seconds=0.5", "logging.every=1000",
+                        "checkpoint.save_final=true"), run)
+    records = train_records(run)
+    assert 1 < result.step < 100000 and (run / "final").is_dir()
+    assert records[-1]["step"] == result.step and records[-1]["step_seconds"] >= 0.5
+    assert result.step_seconds - records[-1]["step_seconds"] == 0  # the last step is the one recorded
+    resumed = train(tiny("train.max_steps=100000", "train.max_seconds=1.0", "logging.every=1000",
+                         "checkpoint.save_final=true"), run, resume=True)
+    assert resumed.step > result.step and resumed.step_seconds >= 1.0
+
+
+@pytest.mark.parametrize("budget", ["0", "-1", "nan"])
+def test_a_time_budget_must_be_positive(budget: str) -> None:
+    from t2mlr.training.config import ConfigError
+
+    with pytest.raises(ConfigError, match="train.max_seconds must be > 0"):
+        tiny(f"train.max_seconds={budget}")

@@ -2,7 +2,8 @@
 # Issue 45 on a lent GPU, one part per window (each at most 8 minutes, start-up not counted):
 #   bash benchmarks/gpu/run.sh A            # correctness on CUDA, then decode, training-step and prefill costs
 #   bash benchmarks/gpu/run.sh A --rehearse # the same steps on this CPU at toy sizes (minutes): run it before a window
-# Parts B (pretraining in miniature) and C (S5 with all 120 actions) are not prepared yet.
+#   bash benchmarks/gpu/run.sh B            # pretraining in miniature: `t2mlr experiment pretrain --preset gpu`
+# Part C (S5 with all 120 actions) is not prepared yet.
 # Every step has its own time limit, so a failing or slow step costs itself only; each writes its log under
 # $OUT (default benchmarks/gpu/out), and summary.txt says how each ended. Nothing here needs the network or
 # the `datasets` package: the GPU machine has neither.
@@ -59,8 +60,27 @@ part_a() {
   step prefill 70 "$PY" benchmarks/prefill.py "${gpu[@]}" "${prefill[@]}"
 }
 
+part_b() {  # T²MLR(5,6) and the matched Transformer, 160 s of training steps each, on the machine's own *.py files
+  local settings=()
+  if [ "$rehearse" = "--rehearse" ]; then  # toy sizes on the CPU, on this repository's sources
+    settings=(task.python_sources=src task.tokenizer_documents=40 task.tokenize_workers=2 task.max_train_documents=null
+      task.eval_batches=2 model.base.vocab_size=512 model.base.hidden_size=64 model.base.intermediate_size=128
+      model.base.num_hidden_layers=4 model.base.num_attention_heads=2 model.base.num_key_value_heads=1
+      model.l_start=2 model.l_end=3 data.seq_len=64 eval.data.seq_len=64 eval.every=10 eval.batch_size=4
+      train.global_batch_size=8 train.micro_batch_size=8 train.device=cpu train.precision=fp32 train.max_seconds=8
+      schedule.warmup_steps=5)
+  fi
+  local run=/tmp/pretrain_gpu
+  rm -rf "$run"
+  versions | tee "$OUT/summary.txt"
+  step pretrain 420 t2mlr experiment pretrain --preset gpu --out "$run" "${settings[@]}"
+  cp "$run"/results.md "$run"/results.json "$run"/loss_curves.png "$OUT"/ 2>/dev/null
+  for arm in t2mlr_middle transformer; do cp "$run/$arm/metrics.jsonl" "$OUT/${arm}_metrics.jsonl" 2>/dev/null; done
+}
+
 case "$part" in
   A) part_a ;;
-  B|C) echo "run.sh: part $part is not prepared yet (issue 45)" >&2; exit 2 ;;
+  B) part_b ;;
+  C) echo "run.sh: part C is not prepared yet (issue 45)" >&2; exit 2 ;;
   *) echo "usage: bash benchmarks/gpu/run.sh A|B|C [--rehearse]" >&2; exit 2 ;;
 esac

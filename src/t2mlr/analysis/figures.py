@@ -15,7 +15,7 @@
   `plot_cosine_grid` and `plot_accuracy_by_depth` (the evidence study's summaries).
 * Finetunes: `plot_pass_at_1` (figure finetuning-multihop: one bar group per task, one bar per arm, the 95%
   interval as an error bar and each seed as a dot).
-* `plot_loss_curves` (pretraining: training loss per step and the periodic validation loss per run) and
+* `plot_loss_curves` (pretraining: training loss per token, the periodic validation loss per token and per second) and
   `plot_retrofit` (accuracy per model, finetuning loss per arm).
 """
 
@@ -339,16 +339,25 @@ def _smooth(values: Sequence[float], window: int) -> list[float]:
 
 def plot_loss_curves(curves: Mapping[str, Mapping[str, Sequence[tuple[int, float]]]], labels: Mapping[str, str],
                      path: str | Path) -> Path:
-    """Left: each run's training loss per step (mean of 10 steps); right: its periodic validation loss."""
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2))
+    """Each run's training loss per token (mean of 10 steps), and its periodic validation loss per token and per
+    second of training steps (curves from `t2mlr.experiments.pretrain.loss_curves`): arms that differ in speed
+    compare at equal data on the first two panels and at equal time on the third."""
+    from t2mlr.training.metrics import values_at_steps
+
+    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(16, 4.2))
     for name, curve in curves.items():
         steps, losses = zip(*curve["train"], strict=True) if curve["train"] else ((), ())
-        left.plot(steps, _smooth(list(losses), 10), label=labels[name])
+        left.plot(values_at_steps(curve["tokens"], steps), _smooth(list(losses), 10), label=labels[name])
         if curve["eval"]:
-            right.plot(*zip(*curve["eval"], strict=True), marker="o", markersize=3, label=labels[name])
-    left.set(xlabel="training step", ylabel="training loss (nats/token, mean of 10 steps)", title="training")
-    right.set(xlabel="training step", ylabel="validation loss (Jacobi path for T²MLR)", title="held-out text")
-    for axis in (left, right):
+            eval_steps, eval_losses = zip(*curve["eval"], strict=True)
+            for axis, x in ((middle, "tokens"), (right, "step_seconds")):
+                axis.plot(values_at_steps(curve[x], eval_steps), eval_losses, marker="o", markersize=3,
+                          label=labels[name])
+    left.set(xlabel="training tokens", ylabel="training loss (nats/token, mean of 10 steps)", title="training")
+    middle.set(xlabel="training tokens", ylabel="validation loss (Jacobi path for T²MLR)", title="held-out text, per token")
+    right.set(xlabel="seconds of training steps", ylabel="validation loss (Jacobi path for T²MLR)",
+              title="held-out text, per second")
+    for axis in (left, middle, right):
         axis.grid(alpha=0.3)
         if axis.get_legend_handles_labels()[0]:
             axis.legend(fontsize=8)

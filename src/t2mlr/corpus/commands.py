@@ -36,7 +36,7 @@ def register(subparsers: Any) -> None:
 
     prep = commands.add_parser("prepare-offline", help="English corpus from the python3.11-doc and dict-gcide packages")
     prep.add_argument("out")
-    prep.add_argument("--sources", default="python-docs,gcide", help="comma-separated: python-docs, gcide")
+    prep.add_argument("--sources", default="python-docs,gcide", help="comma-separated: python-docs, gcide, python-sources (installed packages' *.py files)")
     prep.add_argument("--validation-fraction", type=float, default=0.02)
     prep.add_argument("--parquet", action="store_true", help="also write train/validation.parquet")
     prep.add_argument("--vocab", type=int, default=0, help="also train a BPE tokenizer of this size into OUT/tokenizer")

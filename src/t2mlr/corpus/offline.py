@@ -13,6 +13,13 @@ Two Debian packages provide it (``apt-get install python3.11-doc dict-gcide``):
   the ``00-database-*`` header entries. Three entries hold stray Windows-1252 bytes; they are
   skipped and counted rather than guessed at.
 
+A third source needs no package at all: ``python-sources``, the ``*.py`` files of this Python's installed
+packages (``sysconfig``'s "purelib", or any directory), one document per file. It is code, not prose, and it is
+what a machine without Debian's packages or the network still has (a GPU machine's torch, jax, transformers...:
+hundreds of MB). Files come in the order of a hash of their path, so the first N are a sample of every package
+(a capped tokenization then trains on all of them, as the validation split is drawn from all of them); files
+over 1 MB (generated tables rather than code) are left out.
+
 The train/validation split is by document and deterministic: a document is in validation when the
 sha256 of its id falls in the first `validation_fraction` of the hash range, so the split of a
 document never depends on which other documents exist.
@@ -25,6 +32,7 @@ import hashlib
 import itertools
 import json
 import os
+import sysconfig
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -35,7 +43,10 @@ EOS = "<|endoftext|>"
 PYTHON_DOCS_ROOTS = "/usr/share/doc"
 GCIDE_DICT = Path("/usr/share/dictd/gcide.dict.dz")
 GCIDE_INDEX = Path("/usr/share/dictd/gcide.index")
-SOURCES = ("python-docs", "gcide")
+PYTHON_SOURCES_ROOT = sysconfig.get_paths()["purelib"]
+MAX_SOURCE_FILE_BYTES = 1_000_000  # larger *.py files are generated data, not code
+SOURCES = ("python-docs", "gcide", "python-sources")
+ENGLISH_SOURCES = ("python-docs", "gcide")  # the default: English prose
 INSTALL_HINT = "install them with: apt-get update && apt-get install -y python3.11-doc dict-gcide"
 _BASE64 = {char: value for value, char in enumerate(
     "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")}
@@ -102,6 +113,26 @@ def gcide_documents(dict_path: Path = GCIDE_DICT, index_path: Path = GCIDE_INDEX
                 yield {"id": f"gcide/{offset}", "source": "gcide", "title": headword, "text": text}
 
 
+def _path_hash(relative: str) -> bytes:
+    return hashlib.sha256(relative.encode("utf-8")).digest()
+
+
+def python_source_documents(root: Path, skipped: list[str] | None = None) -> Iterator[dict[str, str]]:
+    """One document per `*.py` file under `root` (caches and files over MAX_SOURCE_FILE_BYTES left out), in the
+    order of a hash of the relative path; ids of files that are not valid UTF-8 go to `skipped`."""
+    files = {path.relative_to(root).as_posix(): path for path in root.rglob("*.py")
+             if "__pycache__" not in path.parts and path.is_file() and path.stat().st_size <= MAX_SOURCE_FILE_BYTES}
+    for relative in sorted(files, key=_path_hash):
+        try:
+            text = files[relative].read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            if skipped is not None:
+                skipped.append(f"python-sources/{relative}")
+            continue
+        if text.strip():
+            yield {"id": f"python-sources/{relative}", "source": "python-sources", "text": text}
+
+
 def is_validation(doc_id: str, fraction: float) -> bool:
     """Deterministic split by document id."""
     digest = hashlib.sha256(doc_id.encode("utf-8")).digest()
@@ -123,13 +154,14 @@ def _jsonl_to_parquet(jsonl: Path, parquet: Path, rows_per_group: int = 8192) ->
 
 
 def prepare_offline_corpus(
-    out_dir: str | os.PathLike[str], sources: Iterable[str] = SOURCES, validation_fraction: float = 0.02,
+    out_dir: str | os.PathLike[str], sources: Iterable[str] = ENGLISH_SOURCES, validation_fraction: float = 0.02,
     parquet: bool = False, python_docs_root: str | os.PathLike[str] = PYTHON_DOCS_ROOTS,
     gcide_dict: str | os.PathLike[str] = GCIDE_DICT, gcide_index: str | os.PathLike[str] = GCIDE_INDEX,
+    python_sources_root: str | os.PathLike[str] = PYTHON_SOURCES_ROOT,
 ) -> dict[str, Any]:
     """Write ``train.jsonl`` and ``validation.jsonl`` (``{"id", "source", "text"}`` per line; gcide
     entries also carry ``title``), optionally the same as parquet, and ``corpus.json`` with the
-    counts; return those counts. `sources`: any of "python-docs", "gcide"."""
+    counts; return those counts. `sources`: any of "python-docs", "gcide", "python-sources"."""
     sources = tuple(sources)
     unknown = set(sources) - set(SOURCES)
     if unknown or not sources:
@@ -151,6 +183,12 @@ def prepare_offline_corpus(
             raise CorpusError(f"GCIDE not found at {dict_path} / {index_path}; {INSTALL_HINT}")
         origins["gcide"] = str(dict_path)
         streams.append(gcide_documents(dict_path, index_path, skipped))
+    if "python-sources" in sources:
+        root = Path(python_sources_root)
+        if not root.is_dir():
+            raise CorpusError(f"python-sources: {root} is not a directory (give the folder of *.py files to read)")
+        origins["python-sources"] = str(root)
+        streams.append(python_source_documents(root, skipped))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     splits = ("train", "validation")

@@ -564,6 +564,7 @@ offline English text (the pipeline of the paper's 135M comparison at a CPU's sca
 
     t2mlr experiment pretrain --preset cpu --out runs/pretrain     # ~10 min of CPU time (results/pretrain_cpu)
     t2mlr experiment pretrain --preset tiny --out /tmp/pretrain    # seconds: pipeline check only
+    t2mlr experiment pretrain --preset gpu --out runs/pretrain_gpu # ~7 min on one H100/H200 (code, 160 s per arm)
 
 The corpus: the Python documentation sources of Debian's python3.11-doc package (`apt-get install
 python3.11-doc`), split into train and held-out validation documents by a hash of their ids, a byte-level BPE
@@ -582,7 +583,7 @@ def _run_pretrain(args: argparse.Namespace) -> Any:
     overrides = flag_overrides(args, {"steps": ("train.max_steps",)})
     task, tree = load(pretrain.config_name(args.preset), overrides, pretrain.PretrainTask)
     if args.dry_run:
-        arms, notes = pretrain.dry_run_arms(tree, args.out)
+        arms, notes = pretrain.dry_run_arms(tree, args.out, task.arms)
         return dry_run(args, ["experiment", "pretrain"], overrides, args.out, arms, notes, {"--corpus": args.corpus})
     _set_threads(args.threads)
     with ranks(tree) as env:

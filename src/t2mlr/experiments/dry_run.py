@@ -59,11 +59,11 @@ class ExperimentSize:
     @property
     def wall_hours(self) -> float:
         """The arms train in turn, each over every device."""
-        return sum(run.step_seconds * run.max_steps for run in self.sized) / 3600
+        return sum(run.step_seconds * run.steps for run in self.sized) / 3600
 
     @property
     def steps(self) -> int:
-        return sum(run.max_steps for run in self.sized)
+        return sum(run.steps for run in self.sized)
 
     def to_dict(self) -> dict[str, Any]:
         arms = [{"name": a.name, "label": a.label, "directory": a.directory,
@@ -85,7 +85,7 @@ def _table_lines(size: ExperimentSize) -> list[str]:
 
     mode = PARALLEL_LABELS[size.sized[0].plan.parallel if size.sized else "none"]
     header = ["arm", "parameters", "steps", "tokens/step", "memory/device", "FLOPs/step", "step time", "GPU-hours"]
-    rows = [[a.name, f"{a.run.parameters:,}", f"{a.run.max_steps:,}", f"{a.run.tokens_per_step:,}",
+    rows = [[a.name, f"{a.run.parameters:,}", f"{a.run.steps:,}", f"{a.run.tokens_per_step:,}",
              f"{gib(a.run.memory.peak)} {'fits' if a.run.fits else 'DOES NOT FIT'}", f"{a.run.flops_per_step:.3e}",
              f"{a.run.step_seconds:.3f} s", f"{a.run.gpu_hours:,.2f}"] if a.run is not None
             else [a.name, *["–"] * (len(header) - 1)] for a in size.arms]

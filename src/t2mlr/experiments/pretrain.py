@@ -43,8 +43,26 @@ class PretrainTask:
     """The task section of a pretraining config (`task:`)."""
 
     sources: tuple[str, ...] = ("python-docs",)  # offline corpus sources (t2mlr.corpus.offline)
+    python_sources: str | None = None  # the folder of the python-sources source (None: the installed packages)
     max_train_documents: int | None = None  # tokenize at most this many train documents (None: all)
+    tokenizer_documents: int | None = None  # train the BPE on the first this many train documents (None: all)
+    tokenize_workers: int = 1  # processes tokenizing the corpus
+    arms: tuple[str, ...] = ARMS  # which of ARMS to train
     eval_batches: int = 8  # held-out batches of eval.batch_size rows for the final table
+    exact_eval_batches: int | None = None  # of those, scored on T²MLR's exact path too (None: all; 0: none)
+
+    def __post_init__(self) -> None:
+        unknown = [arm for arm in self.arms if arm not in ARMS]
+        if unknown or not self.arms or len(set(self.arms)) != len(self.arms):
+            raise ValueError(f"task.arms must be distinct names among {', '.join(ARMS)}, got {list(self.arms)}")
+        for name in ("max_train_documents", "tokenizer_documents"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"task.{name} must be >= 1 (or null: all), got {getattr(self, name)}")
+        if self.tokenize_workers < 1:
+            raise ValueError(f"task.tokenize_workers must be >= 1, got {self.tokenize_workers}")
+        if self.exact_eval_batches is not None and not 0 <= self.exact_eval_batches <= self.eval_batches:
+            raise ValueError(f"task.exact_eval_batches must lie in 0..task.eval_batches ({self.eval_batches}), "
+                             f"got {self.exact_eval_batches}")
 
 
 def config_name(preset: str) -> str:
@@ -52,13 +70,16 @@ def config_name(preset: str) -> str:
 
 
 def describe(tree: dict[str, Any]) -> str:
-    m, base, t = tree["model"], tree["model"]["base"], tree["train"]
+    m, base, t, schedule = tree["model"], tree["model"]["base"], tree["train"], tree["schedule"]
+    length = f"{t['max_steps']} steps" if t.get("max_seconds") is None else f"{t['max_seconds']:g} s of training steps"
+    lr = (f"lr {tree['optim']['lr']:g} constant after {schedule.get('warmup_steps', 0)} warm-up steps"
+          if schedule.get("kind") == "constant" else
+          f"lr {tree['optim']['lr']:g} {schedule.get('kind', 'cosine')} to {schedule['min_lr_ratio']:g}×")
     return (f"{base['num_hidden_layers']}-block Llama, hidden {base['hidden_size']}, {base['num_attention_heads']} heads "
             f"({base['num_key_value_heads']} key-value), MLP {base['intermediate_size']}, vocab {base['vocab_size']}; "
-            f"{t['max_steps']} steps of {t['global_batch_size']} × {tree['data']['seq_len']} tokens, AdamW "
-            f"{tuple(tree['optim']['betas'])}, wd {tree['optim']['weight_decay']:g}, lr {tree['optim']['lr']:g} cosine "
-            f"to {tree['schedule']['min_lr_ratio']:g}×; Jacobi training d_forward {m['d_forward']}, d_backward "
-            f"{m['d_backward']}")
+            f"{length} of {t['global_batch_size']} × {tree['data']['seq_len']} tokens, AdamW "
+            f"{tuple(tree['optim']['betas'])}, wd {tree['optim']['weight_decay']:g}, {lr}; Jacobi training d_forward "
+            f"{m['d_forward']}, d_backward {m['d_backward']}")
 
 
 # ---------------------------------------------------------------------------------------------- this data
@@ -72,10 +93,11 @@ class PreparedData:
     summary: dict[str, Any]
 
 
-def prepare_data(task: PretrainTask, vocab: int, data_dir: Path, corpus: Path | None = None,
-                 workers: int = 1) -> PreparedData:
+def prepare_data(task: PretrainTask, vocab: int, data_dir: Path, corpus: Path | None = None) -> PreparedData:
     """Corpus, tokenizer and token shards under `data_dir`; each step is skipped when its output is
     already there (a finished shard directory is left alone by `tokenize_corpus`)."""
+    import itertools
+
     from t2mlr.corpus import prepare_offline_corpus, read_manifest, tokenize_corpus, train_bpe_tokenizer
     from t2mlr.corpus.offline import iter_texts
     from t2mlr.utils import load_tokenizer
@@ -83,26 +105,30 @@ def prepare_data(task: PretrainTask, vocab: int, data_dir: Path, corpus: Path | 
     data_dir.mkdir(parents=True, exist_ok=True)
     text_dir = corpus if corpus is not None else data_dir / "english"
     if corpus is None and not (text_dir / "validation.jsonl").is_file():
-        prepare_offline_corpus(text_dir, sources=task.sources)
+        roots = {} if task.python_sources is None else {"python_sources_root": task.python_sources}
+        prepare_offline_corpus(text_dir, sources=task.sources, **roots)
     for split in ("train", "validation"):
         if not (text_dir / f"{split}.jsonl").is_file():
             raise ValueError(f"--corpus {text_dir}: no {split}.jsonl (write one with `t2mlr corpus prepare-offline DIR`)")
     tokenizer_dir = data_dir / "tokenizer"
     if not (tokenizer_dir / "tokenizer.json").is_file():
-        train_bpe_tokenizer(iter_texts(text_dir / "train.jsonl"), vocab, tokenizer_dir)
+        texts = itertools.islice(iter_texts(text_dir / "train.jsonl"), task.tokenizer_documents)
+        train_bpe_tokenizer(texts, vocab, tokenizer_dir)
     tokenizer = load_tokenizer(str(tokenizer_dir))
     shards = {}
     for split, limit in (("train", task.max_train_documents), ("validation", None)):
         shards[split] = data_dir / f"{split}_shards"
-        tokenize_corpus(text_dir / f"{split}.jsonl", tokenizer, shards[split], workers=workers, max_documents=limit)
+        tokenize_corpus(text_dir / f"{split}.jsonl", tokenizer, shards[split], workers=task.tokenize_workers,
+                        max_documents=limit)
     summary = {split: {k: read_manifest(path)[k] for k in ("num_documents", "num_tokens")}
                for split, path in shards.items()}
     summary["corpus"] = str(text_dir)
     return PreparedData(tokenizer_dir, shards["train"], shards["validation"], summary)
 
 
-def build_arms(tree: dict[str, Any], data: PreparedData) -> list[Any]:
-    """T²MLR middle (the config), T²MLR full and the parameter-matched Transformer, on the prepared shards."""
+def build_arms(tree: dict[str, Any], data: PreparedData, names: tuple[str, ...] = ARMS) -> list[Any]:
+    """Of T²MLR middle (the config), T²MLR full and the parameter-matched Transformer, the `names`, on the prepared
+    shards."""
     from t2mlr.training.arms import arm_from_tree, matched_arm
     from t2mlr.training.config import deep_merge
 
@@ -110,20 +136,21 @@ def build_arms(tree: dict[str, Any], data: PreparedData) -> list[Any]:
     filled = deep_merge(tree, {"data": {**shards, "path": str(data.train_shards)},
                                "eval": {"data": {**shards, "path": str(data.validation_shards)}}})
     m, layers = filled["model"], filled["model"]["base"]["num_hidden_layers"]
-    return [arm_from_tree(filled, "t2mlr_middle", f"T²MLR({m['l_start']},{m['l_end']}) middle"),
+    arms = [arm_from_tree(filled, "t2mlr_middle", f"T²MLR({m['l_start']},{m['l_end']}) middle"),
             arm_from_tree(filled, "t2mlr_full", f"T²MLR(1,{layers}) full", ["model.l_start=1", f"model.l_end={layers}"]),
             matched_arm(filled, "transformer", "transformer")]
+    return [arm for arm in arms if arm.name in names]
 
 
-def dry_run_arms(tree: dict[str, Any], out: str | Path) -> tuple[list[Any], list[str]]:
-    """The three arms `run` trains, on the paths `prepare_data` would fill, without preparing anything
+def dry_run_arms(tree: dict[str, Any], out: str | Path, names: tuple[str, ...] = ARMS) -> tuple[list[Any], list[str]]:
+    """The arms `run` trains, on the paths `prepare_data` would fill, without preparing anything
     (`--dry-run`): the BPE is trained to model.base.vocab_size and rows are data.seq_len tokens, so every
     shape is the real run's."""
     data_dir = Path(out) / "data"
     data = PreparedData(data_dir / "tokenizer", data_dir / "train_shards", data_dir / "validation_shards", {})
     notes = ["data: the corpus, tokenizer and shards are not prepared in a dry run (the shapes do not depend on them: "
              "a BPE of model.base.vocab_size, packed rows of data.seq_len)"]
-    return build_arms(tree, data), notes
+    return build_arms(tree, data, names), notes
 
 
 # ---------------------------------------------------------------------------------------------- this score
@@ -132,8 +159,9 @@ def dry_run_arms(tree: dict[str, Any], out: str | Path) -> tuple[list[Any], list
 def evaluate(task: PretrainTask, arms: list[Any], trained: dict[str, Any], env: DistEnv | None = None
              ) -> list[dict[str, Any]]:
     """One table row per (model, forward path): validation loss and perplexity on the same held-out rows, T²MLR
-    on the exact path and on the Jacobi path at its training depth. Under torchrun (`env`) the batches
-    are shared out over the ranks, every rank on its own device."""
+    on the Jacobi path at its training depth and on the exact path (on the first task.exact_eval_batches of
+    them: it is sequential in the tokens). Under torchrun (`env`) the batches are shared out over the ranks,
+    every rank on its own device."""
     from t2mlr.analysis.common import describe_model, load_analysis_model, validation_loss
     from t2mlr.training.arms import validation_batches
     from t2mlr.training.distributed import current_env
@@ -141,47 +169,85 @@ def evaluate(task: PretrainTask, arms: list[Any], trained: dict[str, Any], env: 
     batches = validation_batches(arms[0].config, task.eval_batches)
     model_cfg = arms[0].config.model
     jacobi = {"recurrence": "jacobi", "d_forward": model_cfg.d_forward, "d_backward": model_cfg.d_backward}
+    exact_batches = batches[:task.exact_eval_batches] if task.exact_eval_batches is not None else batches
     rows = []
     for arm in arms:
         device = current_env(arm.config.train.device).device
         model = load_analysis_model(trained[arm.name].model_dir, device=str(device))
-        paths = [("plain", {})] if arm.name == "transformer" else [("exact", {"recurrence": "exact"}),
-                                                                    (f"jacobi (d_forward {model_cfg.d_forward})", jacobi)]
-        for path, call in paths:
-            result = validation_loss(model, batches, env=env, **call)
-            rows.append({"model": arm.name, "label": arm.label, "path": path,
+        paths = [("plain", {}, batches)] if arm.name == "transformer" else [
+            ("exact", {"recurrence": "exact"}, exact_batches),
+            (f"jacobi (d_forward {model_cfg.d_forward})", jacobi, batches)]
+        for path, call, rows_scored in paths:
+            if not rows_scored:
+                continue
+            result = validation_loss(model, rows_scored, env=env, **call)
+            rows.append({"model": arm.name, "label": arm.label, "path": path, "batches": len(rows_scored),
                          "parameters": describe_model(model).parameters, **result})
     return rows
 
 
 def loss_curves(run_dirs: dict[str, Path]) -> dict[str, dict[str, list[tuple[int, float]]]]:
-    """Each run's training loss per step and periodic validation loss, from its metrics.jsonl."""
+    """Each run's training loss per step and periodic validation loss, and the tokens trained on and the seconds
+    of training steps up to each logged step, from its metrics.jsonl."""
     from t2mlr.training.metrics import read_metrics
 
     curves = {}
     for name, run_dir in run_dirs.items():
-        records = read_metrics(run_dir)
+        train = [r for r in read_metrics(run_dir) if r.get("split") == "train" and isinstance(r.get("loss"), (int, float))]
         curves[name] = {
-            "train": [(int(r["step"]), float(r["loss"])) for r in records
-                      if r.get("split") == "train" and isinstance(r.get("loss"), (int, float))],
-            "eval": [(int(r["step"]), float(r["eval_loss"])) for r in records
+            "train": [(int(r["step"]), float(r["loss"])) for r in train],
+            "eval": [(int(r["step"]), float(r["eval_loss"])) for r in read_metrics(run_dir)
                      if r.get("split") == "eval" and isinstance(r.get("eval_loss"), (int, float))],
+            "tokens": [(int(r["step"]), int(r["tokens_seen"])) for r in train],
+            "step_seconds": [(int(r["step"]), float(r["step_seconds"])) for r in train],
         }
     return curves
+
+
+def validation_loss_at_tokens(curve: dict[str, list], tokens: int) -> tuple[int, float] | None:
+    """The last periodic validation loss of a run taken after at most `tokens` training tokens, and those tokens."""
+    from t2mlr.training.metrics import values_at_steps
+
+    seen = values_at_steps(curve["tokens"], [step for step, _ in curve["eval"]])
+    points = [(int(t), loss) for t, (_, loss) in zip(seen, curve["eval"]) if t <= tokens]
+    return points[-1] if points else None
 
 
 # ---------------------------------------------------------------------------------------------- report
 
 
+def same_tokens_lines(curves: dict[str, dict[str, list]], labels: dict[str, str]) -> list[str]:
+    """With a time budget the arms train on different numbers of tokens: each arm's validation loss at the tokens
+    the slowest arm reached (its periodic evaluation there), so the comparison holds at equal data too."""
+    trained = {name: curve["tokens"][-1][1] for name, curve in curves.items() if curve["tokens"]}
+    if len(set(trained.values())) < 2:
+        return []
+    fewest = min(trained.values())
+    lines = [f"Equal tokens: every arm's periodic validation loss after at most {fewest:,} tokens (what the arm "
+             "with the fewest reached in the budget):", ""]
+    for name, curve in curves.items():
+        point = validation_loss_at_tokens(curve, fewest)
+        lines.append(f"- {labels[name]}: " + ("no evaluation that early" if point is None else
+                                             f"{point[1]:.4f} after {point[0]:,} tokens"))
+    return lines + [""]
+
+
 def results_markdown(preset: str, task: PretrainTask, tree: dict[str, Any], data: PreparedData,
-                     rows: list[dict[str, Any]], seconds: dict[str, float], workers: int) -> list[str]:
+                     rows: list[dict[str, Any]], seconds: dict[str, float], workers: int,
+                     curves: dict[str, dict[str, list]]) -> list[str]:
     from t2mlr.analysis.report import table
+    from t2mlr.corpus.offline import ENGLISH_SOURCES
 
     best = min(row["loss"] for row in rows)
+    tokens = {name: curve["tokens"][-1][1] if curve["tokens"] else 0 for name, curve in curves.items()}
     body = [[row["label"], row["path"], f"{row['parameters']:,}", f"{row['loss']:.4f}" + (" ←" if row["loss"] == best else ""),
-             f"{row['ppl']:.2f}", f"{seconds[row['model']] / 60:.1f}"] for row in rows]
+             f"{row['ppl']:.2f}", f"{tokens[row['model']]:,}", f"{seconds[row['model']] / 60:.1f}"] for row in rows]
+    labels = {row["model"]: row["label"] for row in rows}
+    exact_note = ("" if task.exact_eval_batches is None else
+                  f" The exact path is scored on the first {task.exact_eval_batches} of them (it is sequential in the tokens).")
     return [
-        f"# Pretraining on offline English text (`t2mlr experiment pretrain --preset {preset}`)",
+        f"# Pretraining on offline {'English ' if set(task.sources) <= set(ENGLISH_SOURCES) else ''}text "
+        f"(`t2mlr experiment pretrain --preset {preset}`)",
         "",
         f"Corpus: {data.summary['corpus']} ({', '.join(task.sources)}); train "
         f"{data.summary['train']['num_documents']:,} documents / {data.summary['train']['num_tokens']:,} tokens, "
@@ -190,12 +256,15 @@ def results_markdown(preset: str, task: PretrainTask, tree: dict[str, Any], data
         f"Models: {describe(tree)}. The Transformer is the backbone widened to the smallest width with at "
         "least T²MLR's parameters.",
         f"Validation: the first {task.eval_batches} batches of {tree['eval']['batch_size']} rows of "
-        f"{tree['data']['seq_len']} tokens of the held-out shards, the same rows for every model; loss in nats/token.",
+        f"{tree['data']['seq_len']} tokens of the held-out shards, the same rows for every model; loss in nats/token."
+        + exact_note,
         f"Scheduling: {workers} worker process(es) side by side.",
         "",
-        *table(["model", "path", "parameters", "validation loss", "perplexity", "train minutes"], body),
+        *table(["model", "path", "parameters", "validation loss", "perplexity", "tokens trained", "train minutes"], body),
         "",
-        "Curves: loss_curves.png (training loss, and the periodic validation loss on 2 batches).",
+        *same_tokens_lines(curves, labels),
+        "Curves: loss_curves.png (training loss per token, and the periodic validation loss per token and per second "
+        "of training steps).",
     ]
 
 
@@ -215,12 +284,12 @@ def run(preset: str, task: PretrainTask, tree: dict[str, Any], out: str | Path, 
     started = time.perf_counter()
 
     def prepare() -> PreparedData:
-        claim_run_dirs(out, ARMS, resume=resume, overwrite=overwrite)
+        claim_run_dirs(out, task.arms, resume=resume, overwrite=overwrite)
         return prepare_data(task, int(tree["model"]["base"]["vocab_size"]), out / "data",
                             Path(corpus) if corpus is not None else None)
 
     data = computed_by_main(prepare, env)
-    arms = build_arms(tree, data)
+    arms = build_arms(tree, data, task.arms)
     count = resolve_workers(workers, len(arms), env.device)
     trained, _ = train_arms(arms, out, resume=resume, workers=count)
     seconds = {name: arm.seconds for name, arm in trained.items()}
@@ -232,5 +301,5 @@ def run(preset: str, task: PretrainTask, tree: dict[str, Any], out: str | Path, 
                "wall_seconds": time.perf_counter() - started, "curves": curves}
     if env.is_main:
         plot_loss_curves(curves, {arm.name: arm.label for arm in arms}, out / "loss_curves.png")
-        write_result(out, "results", results_markdown(preset, task, tree, data, rows, seconds, count), payload)
+        write_result(out, "results", results_markdown(preset, task, tree, data, rows, seconds, count, curves), payload)
     return payload

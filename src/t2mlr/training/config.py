@@ -253,9 +253,16 @@ class TrainLoopConfig:
     of the seed pass. They are stale (computed with the weights of one epoch ago), so the iterates start
     near, not at, the fixed point; the iteration count stays d_forward. Costs one float per hidden unit
     per token of every row, kept on the CPU and saved with the checkpoints.
+
+    max_seconds: a time budget. Training ends (as finished: final checkpoint and model) after the step whose
+    optimizer-step time, summed over every attempt, reaches it, or at max_steps, whichever comes first. Evaluation
+    and checkpointing do not count, so arms compared at equal budgets get equal training time. The LR schedule
+    still spans max_steps (or schedule.total_steps): pair a budget with schedule.kind constant, or a horizon the
+    budget reaches.
     """
 
     max_steps: int = 1000
+    max_seconds: float | None = None
     global_batch_size: int = 8
     micro_batch_size: int = 8
     seed: int = 0
@@ -675,6 +682,8 @@ def _validate_run(cfg: TrainConfig, factory_kwargs: bool = True) -> None:
     for name in ("max_steps", "global_batch_size", "micro_batch_size"):
         if getattr(t, name) < 1:
             raise ConfigError(f"train.{name} must be >= 1, got {getattr(t, name)}")
+    if t.max_seconds is not None and not t.max_seconds > 0:  # NaN fails too
+        raise ConfigError(f"train.max_seconds must be > 0 (or null: no time budget), got {t.max_seconds}")
     if t.global_batch_size % t.micro_batch_size:
         raise ConfigError(
             f"train.global_batch_size ({t.global_batch_size}) must be a multiple of train.micro_batch_size "

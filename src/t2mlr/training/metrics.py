@@ -112,3 +112,14 @@ def optimizer_step_seconds(records: Iterable[dict[str, Any]]) -> float:
         seconds += (record["tokens_seen"] - seen) / record["tokens_per_s"]
         seen = record["tokens_seen"]
     return seconds
+
+
+def values_at_steps(curve: Iterable[tuple[int, float]], steps: Iterable[int]) -> list[float]:
+    """A logged (step, value) curve read at other steps (an evaluation's, say): each step's own value, else the
+    last one logged before it (0 before the first). Tokens and step seconds only grow, so this is what they were."""
+    known = sorted(curve)
+    values = []
+    for step in steps:
+        earlier = [value for logged, value in known if logged <= step]
+        values.append(earlier[-1] if earlier else 0)
+    return values

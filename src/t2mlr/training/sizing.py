@@ -48,6 +48,8 @@ activation checkpointing is reported beside them: it is work the GPU does that M
 
 from __future__ import annotations
 
+import math
+
 import copy
 import functools
 import shlex
@@ -538,14 +540,22 @@ class RunSize:
     launch: str
     fits: bool
     notes: tuple[str, ...] = field(default_factory=tuple)  # what would fit, and where the estimate is weak
+    max_seconds: float | None = None  # train.max_seconds, the run's time budget
 
     @property
     def step_seconds(self) -> float:
         return self.flops_per_step / (self.plan.devices * self.gpu.peak_flops(self.plan.precision) * self.mfu)
 
     @property
+    def steps(self) -> int:
+        """The steps the run will take: max_steps, or fewer where its time budget ends it first (at this MFU)."""
+        if self.max_seconds is None:
+            return self.max_steps
+        return min(self.max_steps, math.ceil(self.max_seconds / self.step_seconds))
+
+    @property
     def gpu_hours(self) -> float:
-        return self.step_seconds * self.max_steps * self.plan.devices / 3600
+        return self.step_seconds * self.steps * self.plan.devices / 3600
 
     def to_dict(self) -> dict[str, Any]:
         memory = asdict(self.memory)
@@ -554,7 +564,7 @@ class RunSize:
         return {
             **{k: v for k, v in asdict(self).items() if k not in ("memory", "gpu", "plan")},
             "gpu": asdict(self.gpu), "plan": asdict(self.plan), "memory_bytes": memory,
-            "step_seconds": self.step_seconds, "gpu_hours": self.gpu_hours,
+            "step_seconds": self.step_seconds, "steps": self.steps, "gpu_hours": self.gpu_hours,
         }
 
     def table(self) -> str:
@@ -603,7 +613,7 @@ def _table_lines(run: RunSize) -> list[str]:
     lines += [
         (f"  step time         {run.step_seconds:.3f} s at MFU {run.mfu:.0%} of {peak / 1e12:,.1f} TFLOP/s "
          f"({plan.precision} dense peak) per device"),
-        (f"  run               {run.max_steps:,} steps: {run.step_seconds * run.max_steps / 3600:,.2f} h wall, "
+        (f"  run               {run.steps:,} steps: {run.step_seconds * run.steps / 3600:,.2f} h wall, "
          f"{run.gpu_hours:,.1f} GPU-hours"),
         "launch",
         f"  {run.launch}",
@@ -693,7 +703,7 @@ def size_run(cfg: TrainConfig, devices: int, gpu: str, mfu: float = DEFAULT_MFU,
     return RunSize(
         config=config_name, model=facts.name, parameters=facts.parameters, training_path=facts.training_path,
         gpu=kind, plan=plan, global_batch=rows, seq_len=seq_len, max_steps=cfg.train.max_steps,
-        tokens_per_step=rows * seq_len, flops_per_step=rows * train_step_flops(facts.config, seq_len),
+        max_seconds=cfg.train.max_seconds, tokens_per_step=rows * seq_len, flops_per_step=rows * train_step_flops(facts.config, seq_len),
         recomputed_flops_per_step=recomputed_flops(facts, rows, seq_len, checkpointing), mfu=mfu, memory=memory,
         launch=launch_line(config_name, devices, parallel, out or f"runs/{_stem(config_name)}", extra_args),
         fits=fits, notes=notes,

@@ -288,7 +288,7 @@ class Trainer:
                    desc=cfg.logging.progress_label or None, position=cfg.logging.progress_line)
         self.wrapped.train()
         try:
-            while self.step < end:
+            while self.step < end and not self.out_of_time():
                 started = time.perf_counter()
                 stats = self.train_step(next(self.batches))
                 elapsed = time.perf_counter() - started
@@ -300,7 +300,7 @@ class Trainer:
         finally:
             bar.close()
             self.metrics.close()
-        finished = self.step >= cfg.train.max_steps
+        finished = self.step >= cfg.train.max_steps or self.out_of_time()
         if (cfg.checkpoint.save_final or not finished) and self.last_checkpoint_step() != self.step:
             self.save_checkpoint()
         if finished and cfg.checkpoint.save_final and self.env.is_main:
@@ -311,12 +311,17 @@ class Trainer:
         result.step, result.last_checkpoint, result.step_seconds = self.step, self.last_checkpoint, self.step_seconds
         return result
 
+    def out_of_time(self) -> bool:
+        """The time budget (train.max_seconds) is spent: its optimizer steps, over every attempt, took that long."""
+        budget = self.cfg.train.max_seconds
+        return budget is not None and self.step_seconds >= budget
+
     def _after_step(self, stats: StepStats, elapsed: float, bar: Any, result: TrainResult) -> None:
         cfg = self.cfg
         tokens_per_s = stats.tokens / max(elapsed, 1e-9)
         bar.update(1)
         bar.set_postfix(loss=f"{stats.loss:.4f}", tok_s=f"{tokens_per_s:,.0f}")
-        if self.step % max(1, cfg.logging.every) == 0 or self.step == cfg.train.max_steps:
+        if self.step % max(1, cfg.logging.every) == 0 or self.step == cfg.train.max_steps or self.out_of_time():
             self.metrics.write(self._train_record(stats, tokens_per_s))
         if cfg.eval.every > 0 and self.step % cfg.eval.every == 0:
             result.eval_metrics = self.evaluate()
@@ -522,13 +527,15 @@ class ResumeMismatchError(ConfigError):
     """A resume under a configuration that would change the run's result."""
 
 
-RESULT_NEUTRAL = ("logging", "checkpoint", "eval", "data.num_workers", "train.max_steps", "schedule.total_steps")
+RESULT_NEUTRAL = ("logging", "checkpoint", "eval", "data.num_workers", "train.max_steps", "train.max_seconds",
+                  "schedule.total_steps")
 
 
 def result_changing_differences(saved: dict[str, Any], cfg: TrainConfig) -> list[str]:
     """`key: saved → current` for every setting that would make a resumed run differ from an
     uninterrupted one. Logging, checkpointing and evaluation do not change the training result;
-    train.max_steps and schedule.total_steps matter through the schedule's length only."""
+    train.max_steps and schedule.total_steps matter through the schedule's length only, and train.max_seconds
+    says where the run ends, as max_steps does."""
     changes = changed_settings(with_current_factories(saved), to_plain(cfg), RESULT_NEUTRAL)
     saved_total = (saved.get("schedule") or {}).get("total_steps") or (saved.get("train") or {}).get("max_steps")
     if saved_total != cfg.horizon():
