@@ -73,7 +73,7 @@ part_b() {  # T²MLR(5,6) and the matched Transformer, 160 s of training steps e
   local run=/tmp/pretrain_gpu
   rm -rf "$run"
   versions | tee "$OUT/summary.txt"
-  step pretrain 420 t2mlr experiment pretrain --preset gpu --out "$run" "${settings[@]}"
+  step pretrain 420 "$PY" -m t2mlr experiment pretrain --preset gpu --out "$run" "${settings[@]}"
   cp "$run"/results.md "$run"/results.json "$run"/loss_curves.png "$OUT"/ 2>/dev/null
   for arm in t2mlr_middle transformer; do cp "$run/$arm/metrics.jsonl" "$OUT/${arm}_metrics.jsonl" 2>/dev/null; done
 }
