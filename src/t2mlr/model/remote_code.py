@@ -77,15 +77,23 @@ def write_remote_code_modules(directory: str | Path) -> None:
 
 def check_transformers_finds_every_module(directory: Path, files: dict[str, str]) -> None:
     """Every module transformers will look for beside the entry modules is there: it follows each line
-    that reads as a relative import (in strings too), and stops a load at the first missing file."""
+    that reads as a relative import (in strings too) from file to file, and stops a load at the first
+    missing file."""
     # imported here: `configuration` imports this module while transformers may still be importing itself
-    from transformers.dynamic_module_utils import get_relative_import_files
+    from transformers.dynamic_module_utils import get_relative_imports
 
-    for entry in (f"{reference.rpartition('.')[0]}.py" for reference in AUTO_MAP.values()):
-        wanted = {Path(path).name for path in get_relative_import_files(directory / entry)}
-        if not wanted <= files.keys():
-            raise ValueError(f"transformers would look for {sorted(wanted - files.keys())} beside {entry}, which "
-                             "the saved copy does not hold: a line of the package reads as a relative import")
+    pending = [f"{reference.rpartition('.')[0]}.py" for reference in AUTO_MAP.values()]
+    seen = set(pending)
+    while pending:
+        file_name = pending.pop()
+        for module in get_relative_imports(directory / file_name):
+            wanted = f"{module}.py"
+            if wanted not in files:
+                raise ValueError(f"transformers would look for {wanted} beside {file_name}, which the saved copy does "
+                                 "not hold: a line of the package's code there reads as a relative import")
+            if wanted not in seen:
+                seen.add(wanted)
+                pending.append(wanted)
 
 
 # ---------------------------------------------------------------------------------------------- the copy
