@@ -38,8 +38,9 @@ def environment_without_t2mlr(directory: Path) -> Path:
     install's path file). Returns its python."""
     venv.EnvBuilder(with_pip=False).create(directory)
     packages = next(directory.glob("lib/python*/site-packages"))
-    for parent in site.getsitepackages():
-        for entry in Path(parent).iterdir():
+    parents = [*site.getsitepackages(), *([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])]
+    for parent in filter(Path.is_dir, map(Path, parents)):
+        for entry in parent.iterdir():
             if "t2mlr" not in entry.name.lower() and not (packages / entry.name).exists():
                 (packages / entry.name).symlink_to(entry)
     return directory / "bin" / "python"
