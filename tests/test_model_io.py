@@ -185,6 +185,21 @@ def test_without_the_import_trust_remote_code_loads_the_same_model(saved_tiny: P
     assert float(out.stdout.split()[-1]) == pytest.approx(expected.logits.double().sum().item(), abs=1e-9)
 
 
+def test_a_model_loaded_through_auto_map_saves_with_the_same_auto_map(saved_tiny: Path, tmp_path: Path) -> None:
+    """transformers marks a class it loaded through `auto_map` and would copy its module into later saves,
+    pointing `auto_map` at that copy (past the entry modules); the saved directory names the entry modules
+    again and computes the same."""
+    resaved = tmp_path / "resaved"
+    out = _load_in_fresh_process(saved_tiny, (
+        "from transformers import AutoModelForCausalLM\n"
+        f"AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True).save_pretrained({str(resaved)!r})\n"
+    ))
+    assert out.returncode == 0, out.stderr
+    assert json.loads((resaved / "config.json").read_text())["auto_map"] == json.loads(
+        (saved_tiny / "config.json").read_text())["auto_map"]
+    assert {p.name: p.read_text() for p in resaved.glob("*.py")} == {p.name: p.read_text() for p in saved_tiny.glob("*.py")}
+
+
 # ---------------------------------------------------------------------------------------------- the composite config
 
 STANDARD_ATTRIBUTES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",

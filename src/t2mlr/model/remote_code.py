@@ -43,9 +43,11 @@ try:
 except ModuleNotFoundError as missing:
     if missing.name != "{root}":
         raise
-    {copy_import}
-    {registration}  # the copy registers the `t2mlr` type, as the package does
+{copy_imports}
 '''
+# transformers copies into its module cache only the modules an entry module's lines import (and theirs):
+# the config's needs the model's as well, since a config, once built, registers the model with the Auto classes.
+MODEL_REGISTRATION = "from .modeling import register_auto_classes  # importing the model registers it"
 
 
 def entry_modules() -> dict[str, str]:
@@ -55,9 +57,10 @@ def entry_modules() -> dict[str, str]:
     for reference in AUTO_MAP.values():
         entry, _, name = reference.rpartition(".")
         module = entry.removesuffix("_t2mlr")
+        copy_imports = [f"from .{module} import {name}"] + ([MODEL_REGISTRATION] if module != "modeling" else [])
         files[f"{entry}.py"] = ENTRY_TEMPLATE.format(
             name=name, module=module, package=MODEL_PACKAGE, root=PACKAGE,
-            copy_import=f"from .{module} import {name}", registration="from .modeling import register_auto_classes",
+            copy_imports="\n".join(f"    {line}" for line in copy_imports),
         )
     return files
 
