@@ -209,7 +209,7 @@ STANDARD_ATTRIBUTES = ("vocab_size", "hidden_size", "intermediate_size", "num_hi
 def test_the_config_is_a_composite_config_whose_base_attributes_read_and_write_through() -> None:
     """`sub_configs` declares the base config; the standard attributes of a causal LM's config are the
     base's, read and written through the top config (a tool that sets `config.vocab_size` after resizing
-    sets the one value there is)."""
+    sets the one value there is), but for the depth, which places the recurrence."""
     config = T2MLRConfig.from_base(tiny_base_config(), l_start=2, l_end=3)
     assert config.sub_configs == {"base_config": AutoConfig}
     for name in STANDARD_ATTRIBUTES:
@@ -219,6 +219,9 @@ def test_the_config_is_a_composite_config_whose_base_attributes_read_and_write_t
     config.use_cache = False
     assert (config.base_config.vocab_size, config.base_config.use_cache) == (120, False)
     assert T2MLRConfig.from_dict(config.to_dict()).vocab_size == 120
+    with pytest.raises(ValueError, match="num_hidden_layers cannot be set on a T2MLRConfig: .* place the recurrence"):
+        config.num_hidden_layers = 7  # the depth l_start..l_end count in
+    assert config.base_config.num_hidden_layers == 5
 
 
 def test_a_config_without_a_base_answers_as_any_config_lacking_an_attribute() -> None:

@@ -202,7 +202,10 @@ class BaseConfigAttribute:
     Tools read `config.hidden_size`, `config.num_hidden_layers`, ... of any causal LM, and some set
     `config.vocab_size` after resizing the embedding: the value lives once, in `base_config`. Without a
     base config the attribute is absent (AttributeError, so `hasattr` is False), as on any config that
-    lacks it."""
+    lacks it. `fixed`: why the attribute cannot be set through the wrapper (None: it can)."""
+
+    def __init__(self, fixed: str | None = None) -> None:
+        self.fixed = fixed
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
@@ -213,6 +216,8 @@ class BaseConfigAttribute:
         return getattr(self.base_of(config), self.name)
 
     def __set__(self, config: Any, value: Any) -> None:
+        if self.fixed is not None:
+            raise ValueError(f"{self.name} cannot be set on a {type(config).__name__}: {self.fixed}")
         setattr(self.base_of(config), self.name, value)
 
     def base_of(self, config: Any) -> PretrainedConfig:
@@ -236,7 +241,10 @@ class WrapsBaseConfig:
     vocab_size = BaseConfigAttribute()
     hidden_size = BaseConfigAttribute()
     intermediate_size = BaseConfigAttribute()
-    num_hidden_layers = BaseConfigAttribute()
+    num_hidden_layers = BaseConfigAttribute(
+        fixed="it is the depth of the base model, in which l_start..l_end place the recurrence; changing the block "
+        "list (PEFT's layer_replication) is not supported"
+    )
     num_attention_heads = BaseConfigAttribute()
     num_key_value_heads = BaseConfigAttribute()
     head_dim = BaseConfigAttribute()
