@@ -197,7 +197,8 @@ def test_a_model_loaded_through_auto_map_saves_with_the_same_auto_map(saved_tiny
     assert out.returncode == 0, out.stderr
     assert json.loads((resaved / "config.json").read_text())["auto_map"] == json.loads(
         (saved_tiny / "config.json").read_text())["auto_map"]
-    assert {p.name: p.read_text() for p in resaved.glob("*.py")} == {p.name: p.read_text() for p in saved_tiny.glob("*.py")}
+    code = [{path.name: path.read_text() for path in directory.glob("*.py")} for directory in (resaved, saved_tiny)]
+    assert code[0] == code[1]
 
 
 # ---------------------------------------------------------------------------------------------- the composite config

@@ -188,8 +188,8 @@ def test_imports_the_copy_cannot_carry_are_refused(fake_package, text: str, mess
 def test_imports_are_made_relative_and_whole_modules_are_named_for_transformers(fake_package, tmp_path: Path) -> None:
     """The copies of a package's modules, written side by side into one flat package, import each other
     and compute what the package computes; a module imported whole gets a line transformers follows."""
-    fake_package({"entry": "from fakepkg.other import X as Y\n\n\ndef f():\n    from . import other\n    return other.X + Y\n",
-                  "other": "X = 1\n"})
+    entry = "from fakepkg.other import X as Y\n\n\ndef f():\n    from . import other\n    return other.X + Y\n"
+    fake_package({"entry": entry, "other": "X = 1\n"})
     text, needed = remote_code.module_copy("fakepkg.entry", "fakepkg", rewrite=True)
     assert set(needed) == {"fakepkg.other"}
     assert "\nfrom .other import X as Y\n" in text
