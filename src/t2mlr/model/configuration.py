@@ -17,7 +17,7 @@ import dataclasses
 import importlib
 import sys
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
 from transformers import AutoConfig, PretrainedConfig
 
@@ -149,20 +149,27 @@ INHERITED_BASE_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id", "tie_wo
 
 def inherit_base_fields(base_config: PretrainedConfig | None, kwargs: dict[str, Any]) -> None:
     """A wrapper config's special token ids and embedding tying default to its base config's, so
-    `generate()` and weight tying read the same values through either config."""
+    `generate()` and weight tying read the same values through either config. So does its attention
+    implementation: transformers sets a composite config's on its sub-configs, so a wrapper built
+    without one would reset the base's (the attention a retrofitted model was loaded with)."""
     if base_config is None:
         return
     for name in INHERITED_BASE_FIELDS:
         kwargs.setdefault(name, getattr(base_config, name, None))
+    kwargs.setdefault("attn_implementation", base_config._attn_implementation)
+
+
+MODELING_MODULE = f"{__package__}.modeling"
 
 
 def _register_models_once() -> None:
     """A T²MLR config read or built means a T²MLR model may be asked of the Auto classes next
     (`AutoModelForCausalLM.from_pretrained` reads the config first): make sure the model classes are
     registered. A bare `import t2mlr` registers only this config with AutoConfig, because that happens
-    while transformers is still importing itself (`t2mlr.auto_registration`)."""
-    if "t2mlr.model.modeling" not in sys.modules:
-        importlib.import_module("t2mlr.model.modeling")
+    while transformers is still importing itself (`t2mlr.auto_registration`). The model module is named
+    relative to this one, so that the copy saved beside the weights (`remote_code`) finds its own."""
+    if MODELING_MODULE not in sys.modules:
+        importlib.import_module(MODELING_MODULE)
 
 
 # ---------------------------------------------------------------------------------------------- forward path
@@ -189,24 +196,64 @@ class ForwardPath:
 # ---------------------------------------------------------------------------------------------- the config
 
 
+class BaseConfigAttribute:
+    """A standard attribute of the wrapped decoder's config, read and written through the wrapper's config.
+
+    Tools read `config.hidden_size`, `config.num_hidden_layers`, ... of any causal LM, and some set
+    `config.vocab_size` after resizing the embedding: the value lives once, in `base_config`. Without a
+    base config the attribute is absent (AttributeError, so `hasattr` is False), as on any config that
+    lacks it. `fixed`: why the attribute cannot be set through the wrapper (None: it can)."""
+
+    def __init__(self, fixed: str | None = None) -> None:
+        self.fixed = fixed
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, config: Any, owner: type | None = None) -> Any:
+        if config is None:
+            return self
+        return getattr(self.base_of(config), self.name)
+
+    def __set__(self, config: Any, value: Any) -> None:
+        if self.fixed is not None:
+            raise ValueError(f"{self.name} cannot be set on a {type(config).__name__}: {self.fixed}")
+        setattr(self.base_of(config), self.name, value)
+
+    def base_of(self, config: Any) -> PretrainedConfig:
+        base = vars(config).get("base_config")
+        if base is None:
+            name = type(config).__name__
+            raise AttributeError(f"this {name} has no base_config, so no {self.name}; build it with {name}.from_base")
+        return base
+
+
 class WrapsBaseConfig:
     """Mixin of a config that holds a wrapped decoder's config as `base_config` (list it before
-    PretrainedConfig): depth, width and vocabulary are the base's, and caches and generation read the
-    base's layer layout, vocabulary and special tokens."""
+    PretrainedConfig): a composite config in transformers' sense (`sub_configs`), so the attention
+    implementation and dtype set on it reach the base config. Depth, width and vocabulary are the
+    base's (`BaseConfigAttribute`), and caches and generation read the base's layer layout,
+    vocabulary and special tokens (`get_text_config`)."""
 
+    sub_configs: ClassVar[dict[str, type]] = {"base_config": AutoConfig}
     base_config: PretrainedConfig | None
+
+    vocab_size = BaseConfigAttribute()
+    hidden_size = BaseConfigAttribute()
+    intermediate_size = BaseConfigAttribute()
+    num_hidden_layers = BaseConfigAttribute(
+        fixed="it is the depth of the base model, in which l_start..l_end place the recurrence; changing the block "
+        "list (PEFT's layer_replication) is not supported"
+    )
+    num_attention_heads = BaseConfigAttribute()
+    num_key_value_heads = BaseConfigAttribute()
+    head_dim = BaseConfigAttribute()
+    max_position_embeddings = BaseConfigAttribute()
+    use_cache = BaseConfigAttribute()
 
     @property
     def num_layers(self) -> int:
         return int(self.require_base_config().num_hidden_layers)
-
-    @property
-    def hidden_size(self) -> int:
-        return int(self.require_base_config().hidden_size)
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self.require_base_config().vocab_size)
 
     def require_base_config(self) -> PretrainedConfig:
         if self.base_config is None:
@@ -215,8 +262,18 @@ class WrapsBaseConfig:
         return self.base_config
 
     def get_text_config(self, *args: Any, **kwargs: Any) -> PretrainedConfig:
-        """Caches and generation read layer layout and vocabulary from the wrapped decoder's config."""
-        return self.base_config
+        """Caches and generation read layer layout and vocabulary from the wrapped decoder's config
+        (this config itself while it has none, as transformers answers for a config without a text part)."""
+        base = vars(self).get("base_config")
+        return self if base is None else base.get_text_config(*args, **kwargs)
+
+    def to_diff_dict(self) -> dict[str, Any]:
+        """transformers' diff, without the base config's `_name_or_path`: the path on the machine that loaded
+        the base model (transformers drops the top config's own the same way)."""
+        serialised = super().to_diff_dict()
+        if isinstance(serialised.get("base_config"), dict):
+            serialised["base_config"].pop("_name_or_path", None)
+        return serialised
 
 
 class T2MLRConfig(WrapsBaseConfig, PretrainedConfig):
@@ -276,6 +333,12 @@ class T2MLRConfig(WrapsBaseConfig, PretrainedConfig):
         if self.base_config is not None:
             self.validate_recurrence()
         _register_models_once()
+
+    @classmethod
+    def register_for_auto_class(cls, auto_class: str | type = "AutoConfig") -> None:
+        """Nothing to record. transformers calls this when it loads the class through `auto_map`, and would
+        then copy this module into every later save and point `auto_map` at that copy; every save writes
+        the `auto_map` modules itself instead (`remote_code.write_remote_code_modules`)."""
 
     @classmethod
     def recurrence_fields(cls) -> dict[str, Field]:

@@ -185,6 +185,7 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
         (embeddings, blocks 1..L-1, the final norm of block L), on every path. Other keyword arguments
         transformers' tools pass to a backbone (TRL's `logits_to_keep`) are accepted and unused, as
         `LlamaModel` does; `output_attentions=True` is refused (the attention weights are not kept)."""
+        output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
         if output_attentions:
             raise ValueError("output_attentions=True is not supported by T²MLR (the attention weights are not kept)")
         checks.check_no_misspelt_arguments(kwargs, FORWARD_ARGUMENTS)
