@@ -1,0 +1,60 @@
+"""Tolerances for two float32 computations of one quantity, derived from what float32 does on this machine.
+
+Two float32 computations of the same values by different kernels (vLLM's engine and `generate()`, one-token
+decode steps and one pass over the whole sequence, a compiled graph and eager code, a batch and one row)
+differ by their rounding, and the rounding depends on the CPU's kernel set: AVX2, AVX512 and the plain
+default kernels each add up in their own order. A constant picked on one kernel set fails on another (2e-5
+against a measured 2.48e-5 on an AVX2 machine, issue 49). So each such test measures how far float32 lands
+from float64 on its own reference path and input, here and now (`float32_gap`), and allows `MARGIN` times
+that (`float32_tolerance`).
+
+Why `MARGIN` = 10: each float32 computation is about `gap` away from the float64 value, so two of them differ
+by up to about 2·gap when their errors do not cancel; the other kernels or path may round a few times worse
+than the measured one (a longer reduction, a fused kernel, another summation order), which the rest covers.
+Measured here (AVX2, and the `default` kernels under ATEN_CPU_CAPABILITY=default), the compared differences
+stay below 3·gap. The floor (`FLOOR_ULPS` units in the last place of the largest value) keeps a gap that
+happens to round to zero from asking for bit-equality. A real defect (a wrong recurrent state, a state read
+at a wrong position, a gate ignored) moves the compared values by 1e-3 or more, two to four orders of
+magnitude above these tolerances (each test module says what it checked).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import torch
+
+MARGIN = 10.0
+FLOOR_ULPS = 16.0
+FLOAT32_EPS = torch.finfo(torch.float32).eps
+
+
+def float32_gap(compute: Callable[[torch.dtype], torch.Tensor]) -> tuple[float, float]:
+    """(largest |float32 − float64|, largest |float64|) of `compute(dtype)`, which computes the same values
+    in the given dtype (e.g. a model's logits with the model cast to it)."""
+    wide = compute(torch.float64).double()
+    narrow = compute(torch.float32).double()
+    return float((narrow - wide).abs().max()), float(wide.abs().max())
+
+
+def float32_tolerance(compute: Callable[[torch.dtype], torch.Tensor], margin: float = MARGIN) -> float:
+    """`margin` times float32's gap to float64 on `compute`'s path (`float32_gap`), at least `FLOOR_ULPS`
+    units in the last place of the largest value."""
+    gap, scale = float32_gap(compute)
+    return max(margin * gap, FLOOR_ULPS * FLOAT32_EPS * scale)
+
+
+def in_dtype(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """A copy of `model` with its floating-point weights in `dtype` (the model itself is left as it is)."""
+    return copy.deepcopy(model).to(dtype)
+
+
+def forward_tolerance(model: torch.nn.Module, ids: torch.Tensor, output: str = "logits", **inputs: object) -> float:
+    """`float32_tolerance` of one output of the model's forward over `ids` (its logits unless named;
+    `inputs`: further forward arguments, e.g. the path)."""
+    def computed(dtype: torch.dtype) -> torch.Tensor:
+        with torch.no_grad():
+            return getattr(in_dtype(model, dtype)(ids, **inputs), output)
+
+    return float32_tolerance(computed)
