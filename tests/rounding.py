@@ -38,16 +38,23 @@ def float32_gap(compute: Callable[[torch.dtype], torch.Tensor]) -> tuple[float, 
     return float((narrow - wide).abs().max()), float(wide.abs().max())
 
 
-def float32_tolerance(compute: Callable[[torch.dtype], torch.Tensor], margin: float = MARGIN) -> float:
+def float32_tolerance(compute: Callable[[torch.dtype], torch.Tensor], margin: float = MARGIN,
+                      scale: float | None = None) -> float:
     """`margin` times float32's gap to float64 on `compute`'s path (`float32_gap`), at least `FLOOR_ULPS`
-    units in the last place of the largest value."""
-    gap, scale = float32_gap(compute)
-    return max(margin * gap, FLOOR_ULPS * FLOAT32_EPS * scale)
+    units in the last place of the largest value, or of `scale` where the value is a sum of larger terms that
+    cancel (a loss weighted by advantages of both signs). `compute(dtype)` does its arithmetic in `dtype`
+    too, so that the gap holds float32's rounding of the sums the computation under test makes."""
+    gap, largest = float32_gap(compute)
+    return max(margin * gap, FLOOR_ULPS * FLOAT32_EPS * (largest if scale is None else max(scale, largest)))
 
 
 def in_dtype(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
-    """A copy of `model` with its floating-point weights in `dtype` (the model itself is left as it is)."""
-    return copy.deepcopy(model).to(dtype)
+    """A copy of `model` with its floating-point weights in `dtype` (the model itself is left as it is), running
+    its class's own forward: a forward a trainer patched onto the instance (accelerate's, under TRL) would still
+    compute with the original's weights, and cast the outputs to float32."""
+    clone = copy.deepcopy(model).to(dtype)
+    clone.__dict__.pop("forward", None)
+    return clone
 
 
 def forward_tolerance(model: torch.nn.Module, ids: torch.Tensor, output: str = "logits", **inputs: object) -> float:
