@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
+from pathlib import Path
 
 import pytest
 import torch
+from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 from transformers import LlamaConfig, MistralConfig, Qwen2Config
 
 from t2mlr import T2MLRCache, T2MLRConfig, T2MLRForCausalLM
@@ -16,8 +19,25 @@ VOCAB = 61
 
 def pytest_configure(config: pytest.Config) -> None:
     """One torch thread for the whole suite: the models here are tiny, so a second thread only adds
-    synchronisation, and on a shared 2-core CI machine it spin-waits against other processes."""
+    synchronisation, and on a shared 2-core CI machine it spin-waits against other processes. Inductor's
+    compiled code kept apart per CPU kernel set, before anything compiles (`keep_inductor_cache_per_kernel_set`)."""
     torch.set_num_threads(1)
+    keep_inductor_cache_per_kernel_set()
+
+
+def kernel_set_key() -> str:
+    """This process's CPU kernel set (AVX2, AVX512, DEFAULT under ATEN_CPU_CAPABILITY=default, ...) and torch's
+    version: what the code inductor generates for the CPU depends on."""
+    return f"{torch.backends.cpu.get_cpu_capability()}-torch{torch.__version__}"
+
+
+def keep_inductor_cache_per_kernel_set() -> None:
+    """Point TORCHINDUCTOR_CACHE_DIR (inductor's default, or the one given) at a subfolder named by
+    `kernel_set_key`, for this process and the commands it starts: a run forced to AVX2 was once served the
+    AVX512 kernels an earlier run had compiled into the shared folder. A folder already keyed is kept."""
+    root = Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or default_cache_dir())
+    key = kernel_set_key()
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(root if root.name == key else root / key)
 
 
 def tiny_base_config(family: str = "llama", layers: int = 5, hidden: int = 32, **overrides):

@@ -1,33 +1,52 @@
-"""Every paper experiment and the analyses that train, at a tiny scale, with their machine-readable outputs
-compared against files recorded from the code before the experiments' restructuring (issue 32).
+"""Every paper experiment and the analyses that train, at a tiny scale, checked against one recorded set of
+outputs at a tolerance that holds on any CPU kernel set (issues 48 and 49).
 
 Each entry of `RUNS` runs `t2mlr` commands exactly as a user types them (the command line is the interface
-that must not change) into a fresh directory; `collect` reads back every JSON, JSON-lines and YAML file the
-commands wrote (results, predictions, per-step metrics, the trainer config of every arm, the data's
-metadata and held-out sets), and `compare` checks every value against the recorded one, ignoring only
-wall-clock times, machine descriptions and paths. Every run and every evaluation computes on one torch
-thread, so the numbers are the same bit for bit from run to run (test_golden_experiments.py reruns them).
+that must not change) into a fresh directory, on one torch thread. `summarise` reads back what the commands
+wrote and `summary_differences` compares it with `fixtures/golden_experiments/<name>.json`:
 
-The numbers depend on the CPU's kernel set as well (torch, MKL and oneDNN pick AVX2 or AVX512 code by the
-CPU, and the float sums add up differently), so the fixtures are kept per kernel set, under
-`fixtures/golden_experiments/<kernels>/`, and a machine is compared with its own set's
-(`torch.backends.cpu.get_cpu_capability()`); a kernel set without recorded outputs skips, saying so. Both
-sets were recorded by the code before the restructuring (e3d2898; s5-evidence by 2e8df43, which extended
-it): avx512 on an AVX512 machine, avx2 on the same machine with AVX2 forced by `ATEN_CPU_CAPABILITY=avx2
-MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2` (which reproduced an AVX2 machine's ProsQA-Hard run to
-the last generated token: results/finetune_cpu/prosqa-hard_reproduction/).
+- files: every JSON, JSON-lines, YAML and markdown file recorded is written again;
+- numbers: the loss curves (every number of each arm's metrics.jsonl: losses, evaluation losses, gates,
+  gradient norms, learning rates) and the headline numbers (every number of the other JSON outputs: results,
+  summaries, analyses, costs), but wall-clock times and machine descriptions (`VOLATILE_KEY`), the data
+  (`data/`) and the per-example predictions. Floats agree to `RTOL`·|value| + `ATOL`; integers exactly, but
+  the counts of solved examples (`COUNTED`) within `SLACK` examples and the fractions of them (`FRACTION`:
+  accuracies, exact match, token accuracy, F1, pass@1) within `SLACK` of the run's smallest evaluation set
+  (`GoldenRun.eval_examples`): a greedy answer that flips on near-equal logits changes a count by one;
+- finite: no number any output holds is NaN or infinite;
+- reports: each markdown report's headings and each table's columns and row count (`report_structure`),
+  not its prose, so rewording a report needs no new recording.
 
-The markdown reports (results.md, the analyses' .md, the study's README.md) are compared too, line by line,
-against `<name>.reports.json` beside each run's fixture, with what is measured rather than computed masked
-(`masked_report`: the cells of timed table columns, durations and ratios in the text, a choice made by
-measured time). They were recorded later than the rest, by 256f06a (after the restructuring; its reports had
-been checked by hand against the code before it, identical once times and paths were masked), for each kernel
-set in the same way.
+The tolerance is derived from the kernel sets' own spread. Until issue 48 the fixtures held every value bit for
+bit, recorded apart for AVX2 and AVX512 by the same code on one machine (AVX2 forced by ATEN_CPU_CAPABILITY=avx2
+MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2). Of the 706 floats in which the two differed, none by more
+than 1e-6·|value| + 2.4e-7: the largest relative difference of a value above 0.01 was 8.1e-7 (a gradient's
+relative L2 gap), of the perplexity 490 4.8e-7, and the largest absolute difference of a small value 2.4e-7, a
+difference of two losses near 4.7 (one float32 unit in the last place of such a loss); every count, fraction,
+prediction and integer was equal. `RTOL` and `ATOL` are `MARGIN` = 10 times that spread, room for a third kernel
+set (the suite passes under ATEN_CPU_CAPABILITY=default too) and for another torch build's summation order;
+today's summaries were recorded on AVX2, and the AVX512 recording is within 0.1 of the tolerance of them but
+for the matched Transformer arms of pretrain and the two analyses, which moved by 2.5e3 to 2.8e4 tolerances
+when their packed rows' documents stopped attending to each other (a fix recorded with them). A changed
+computation moves further: a learning rate 1% off moves the losses of s5-retrieval and analyze-jacobi-vs-exact
+by 14 to 47 times the tolerance. The recurrence's own defects show less here, since these
+few steps leave the gates near their zero start: a state read one position late (R_{t-2}) moves the Jacobi-trained
+arm's loss by 4 times the tolerance and leaves the runs trained on the exact path unmoved. Those defects are the
+model tests' to catch, with the gates opened (tests/test_generation.py: 0.2 against a tolerance of 1e-6); these
+runs check the experiments' plumbing: data, arms, schedules, evaluation and reports.
 
-Recording (only when a change of the numbers is intended, and said so in the commit; for each kernel set):
+Recording (only when a change of the numbers is intended, and said so in the commit; one set for every CPU):
 
-    PYTHONPATH=src python tests/golden_experiments.py --write [NAME ...]           # json, jsonl and yaml
-    PYTHONPATH=src python tests/golden_experiments.py --write-reports [NAME ...]   # the markdown reports
+    PYTHONPATH=src python tests/golden_experiments.py --write [NAME ...]
+
+The refactoring oracle, off by default: to show that a change leaves every number the same bit for bit (every
+JSON, JSON-lines and YAML value, and every line of the markdown reports with the measured times masked,
+`masked_report`), record this machine's complete outputs before the change and compare after it with the
+`golden` marker. The recording stays on the machine, under the temporary directory, apart per kernel set: bit
+equality holds only for the kernel set that recorded it.
+
+    PYTHONPATH=src python tests/golden_experiments.py --record-oracle [NAME ...]   # before the change
+    PYTHONPATH=src python -m pytest -m golden tests/test_golden_experiments.py     # after it
 """
 
 from __future__ import annotations
@@ -50,36 +69,32 @@ import yaml
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "golden_experiments"
 INPUTS = FIXTURES / "inputs"
-LARGE_FILE = 20_000  # characters: larger outputs are recorded by their hash only
+ORACLE = Path(tempfile.gettempdir()) / "t2mlr_golden_oracle"
+LARGE_FILE = 20_000  # characters: in the oracle's recording, larger outputs are kept by their hash only
+
+MARGIN = 10
+RTOL = MARGIN * 1e-6  # the AVX2/AVX512 spread, relative (module docstring)
+ATOL = MARGIN * 2.4e-7  # and absolute, of values computed as differences of losses
+SLACK = 1  # examples whose greedy answer may flip between kernel sets
 
 # keys whose values are wall-clock times, speeds, dates or descriptions of the machine
 VOLATILE_KEY = re.compile(
     r"(^|_)(seconds|minutes|time|times|date|wall|tokens_per_s|tok_s|machine|median_seconds|median_ratio|"
     r"hostname|platform|cpu|load|version)($|_)|^cheapest_above_min_cosine$")  # chosen by measured time
-# The experiments' restructuring (issue 32) moved their settings into YAML configs: results.json (and S5's
-# data/meta.json) used to echo the whole preset dataclass under "preset", and now echo the preset's name, seed,
-# steps and task section, while every trainer setting lives in each arm's config.yaml, which is compared in
-# full. These are the keys of the old echo that are now only in config.yaml; every other key of the echo is
-# compared, and keys the echo gained are accepted.
-ECHO = "preset"
-ECHO_MOVED = {"batch_size", "betas", "checkpoint_every", "d_backward", "d_forward", "eval_batch_size", "fusion_lr_mult",
-              "head_dim", "hidden_size", "intermediate_size", "l_end", "l_start", "lr", "mask_prompt_recurrence",
-              "micro_batch_size", "min_lr_ratio", "num_heads", "num_layers", "precision", "prompt_recurrence_mask",
-              "shape", "train_recurrence", "warmup_steps", "weight_decay",
-              # the pretraining preset's own spellings
-              "batch", "eval_every", "heads", "hidden", "intermediate", "kv_heads", "layers", "middle", "seq_len", "vocab",
-              "warmup"}
-# Keys the outputs gained after recording, accepted where they are new (their values are checked by their own
-# tests): the finetune's per-arm torch thread counts (test_experiment_finetune.py).
-GAINED = {"train_threads", "eval_threads"}
+# the count of solved examples, and fractions of examples (or of their tokens) or points of such a fraction
+COUNTED = re.compile(r"^(correct|solved)$")
+FRACTION = re.compile(r"^(accuracy|exact_match|token_accuracy|pass_at_1|answer_correct|f1|argmax_agreement|"
+                      r"em_\w+|token_\w+)$")
+POINTS = re.compile(r"_points$")  # a difference of two fractions, in percentage points
+DERIVED_FROM_COUNTS = re.compile(r"^interval$")  # a Wilson interval: its counts are compared instead
 SKIPPED_DIRS = {"checkpoints", "final", "base", "base.tmp", "tokenizer", "train_shards", "validation_shards", "english"}
+SKIPPED_FILES = {"train_time.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                 "generation_config.json"}
 # In a markdown report: a table column whose header says it holds measured times (or ratios of them, "× ..."),
 # a duration or a ratio in the text, and a line whose content is chosen by measured time.
 TIMED_COLUMN = re.compile(r"time|second|minute|\bmin\b|\(s\b|ms/|^×")
 MEASURED = re.compile(r"\b\d[\d,]*(?:\.\d+)?(?: ?(?:ms|min|s|h)\b|×)")
 CHOSEN_BY_TIME = re.compile(r"^Cheapest setting")
-SKIPPED_FILES = {"train_time.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                 "generation_config.json"}
 
 
 # ---------------------------------------------------------------------------------------------- the runs
@@ -178,15 +193,16 @@ def _placement(root: Path) -> Path:
 class GoldenRun:
     name: str
     run: Callable[[Path], Path]
+    eval_examples: int | None = None  # the smallest evaluation set a reported fraction is taken over
 
 
 RUNS = (
-    GoldenRun("s5-retrieval", _s5_retrieval),
-    GoldenRun("s5-evidence", _s5_evidence),
-    GoldenRun("finetune-generated", _finetune_generated),
-    GoldenRun("finetune-gsm-aug", _finetune("gsm-aug", "gsm_aug.jsonl")),
-    GoldenRun("finetune-hotpotqa", _finetune("hotpotqa", "hotpotqa_cot.jsonl")),
-    GoldenRun("retrofit", _retrofit),
+    GoldenRun("s5-retrieval", _s5_retrieval, eval_examples=4),  # 4 sequences per length
+    GoldenRun("s5-evidence", _s5_evidence, eval_examples=4),
+    GoldenRun("finetune-generated", _finetune_generated, eval_examples=10),
+    GoldenRun("finetune-gsm-aug", _finetune("gsm-aug", "gsm_aug.jsonl"), eval_examples=10),
+    GoldenRun("finetune-hotpotqa", _finetune("hotpotqa", "hotpotqa_cot.jsonl"), eval_examples=10),
+    GoldenRun("retrofit", _retrofit, eval_examples=4),  # 4 problems
     GoldenRun("pretrain", _pretrain),
     GoldenRun("analyze-jacobi-vs-exact", _jacobi_vs_exact),
     GoldenRun("analyze-placement", _placement),
@@ -196,7 +212,7 @@ RUNS = (
 # ---------------------------------------------------------------------------------------------- reading back
 
 
-def _files(out: Path, suffixes: tuple[str, ...] = (".json", ".jsonl", ".yaml")) -> Iterator[Path]:
+def _files(out: Path, suffixes: tuple[str, ...] = (".json", ".jsonl", ".yaml", ".md")) -> Iterator[Path]:
     for path in sorted(out.rglob("*")):
         relative = path.relative_to(out)
         if any(part in SKIPPED_DIRS for part in relative.parts[:-1]) or not path.is_file():
@@ -228,10 +244,132 @@ def normalise(value: Any, root: str) -> Any:
     return value
 
 
-def collect(out: Path, root: Path) -> dict[str, Any]:
-    """Relative path → the file's normalised content (its hash when the file is large)."""
-    found: dict[str, Any] = {}
+def numbers(value: Any, where: str = "") -> Iterator[tuple[str, int | float]]:
+    """(place, number) of every int and float leaf, the place written /key/key[index]."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from numbers(item, f"{where}/{key}")
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from numbers(item, f"{where}[{index}]")
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        yield where, value
+
+
+def _compared(relative: Path) -> bool:
+    """The loss curves (metrics.jsonl) and the headline JSON outputs; not the data or per-example predictions."""
+    if "data" in relative.parts[:-1]:
+        return False
+    return relative.name == "metrics.jsonl" or relative.suffix == ".json"
+
+
+def report_structure(text: str) -> list[str]:
+    """A markdown report's skeleton: its headings (measured durations masked) and, per table, its columns and
+    row count."""
+    skeleton: list[str] = []
+    table: list[str] = []
+    for line in [*text.splitlines(), ""]:
+        if line.startswith("|"):
+            table.append(line)
+            continue
+        if table:
+            columns = " | ".join(cell.strip() for cell in table[0].strip().strip("|").split("|"))
+            skeleton.append(f"table: {MEASURED.sub('<measured>', columns)} ({len(table) - 2} rows)")
+            table = []
+        if line.startswith("#"):
+            skeleton.append(MEASURED.sub("<measured>", line))
+    return skeleton
+
+
+def nonfinite(value: Any, where: str = "") -> list[str]:
+    """The places of NaN and infinite floats."""
+    return [place for place, number in numbers(value, where) if not math.isfinite(number)]
+
+
+def summarise(out: Path, root: Path) -> dict[str, Any]:
+    """What the tolerant comparison reads of a run's outputs: the files written, the numbers of the compared
+    files (`_compared`, volatile keys dropped), the reports' structure and the places of non-finite numbers."""
+    files, compared, reports, bad = [], {}, {}, []
     for path in _files(out):
+        relative = path.relative_to(out)
+        files.append(str(relative))
+        if path.suffix == ".md":
+            reports[str(relative)] = report_structure(path.read_text(encoding="utf-8"))
+            continue
+        content = _read(path)
+        bad += nonfinite(content, str(relative))
+        if _compared(relative):
+            compared[str(relative)] = dict(numbers(normalise(content, str(root))))
+    return {"files": files, "numbers": compared, "reports": reports, "nonfinite": bad}
+
+
+# ---------------------------------------------------------------------------------------------- the comparison
+
+
+def losses_agree(recorded: float, now: float) -> bool:
+    """Two float32 computations of a loss (or any float of these runs) on different kernel sets, or by two paths
+    that compute the same value, agree to `RTOL`·|value| + `ATOL` (module docstring)."""
+    return abs(now - recorded) <= RTOL * max(abs(recorded), abs(now)) + ATOL
+
+
+def number_differs(place: str, recorded: int | float, now: int | float, eval_examples: int | None) -> bool:
+    """Whether a number moved by more than the kernel sets' spread allows (module docstring)."""
+    key = place.rsplit("/", 1)[-1].split("[")[0]
+    keys = [part.split("[")[0] for part in place.split("/")]
+    if not math.isfinite(now):
+        return True
+    if any(DERIVED_FROM_COUNTS.match(k) for k in keys):
+        return False
+    if COUNTED.match(key):
+        return abs(now - recorded) > SLACK
+    share = 1.0 / eval_examples if eval_examples else 0.0
+    if any(POINTS.search(k) for k in keys):
+        return abs(now - recorded) > SLACK * 100 * share + ATOL
+    if any(FRACTION.match(k) for k in keys):
+        return abs(now - recorded) > SLACK * share + ATOL
+    if isinstance(recorded, int) and isinstance(now, int):
+        return now != recorded
+    return not losses_agree(recorded, now)
+
+
+def summary_differences(recorded: dict[str, Any], current: dict[str, Any], eval_examples: int | None) -> list[str]:
+    """Every way `current` departs from `recorded` beyond the tolerance: files missing, numbers moved, missing
+    or new, non-finite numbers, reports whose structure changed."""
+    out = [f"{path}: missing now" for path in sorted(set(recorded["files"]) - set(current["files"]))]
+    out += [f"{place}: not finite" for place in current["nonfinite"]]
+    for path in sorted(set(recorded["numbers"]) & set(current["numbers"])):
+        was, now = recorded["numbers"][path], current["numbers"][path]
+        out += [f"{path}{place}: missing now" for place in sorted(set(was) - set(now))]
+        out += [f"{path}{place}: new (not recorded)" for place in sorted(set(now) - set(was))]
+        out += [f"{path}{place}: recorded {was[place]!r}, now {now[place]!r}" for place in sorted(set(was) & set(now))
+                if number_differs(place, was[place], now[place], eval_examples)]
+    for path in sorted(set(recorded["reports"]) & set(current["reports"])):
+        diff = difflib.unified_diff(recorded["reports"][path], current["reports"][path], f"recorded {path}",
+                                    f"now {path}", lineterm="", n=0)
+        out += list(diff)
+    return out
+
+
+def summary_path(name: str) -> Path:
+    return FIXTURES / f"{name}.json"
+
+
+def read_summary(name: str) -> dict[str, Any]:
+    return json.loads(summary_path(name).read_text(encoding="utf-8"))
+
+
+def write_summary(name: str, summary: dict[str, Any]) -> None:
+    recorded = {key: summary[key] for key in ("files", "numbers", "reports")}
+    summary_path(name).write_text(json.dumps(recorded, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+
+
+# ---------------------------------------------------------------------------------------------- the bit-exact oracle
+
+
+def collect(out: Path, root: Path) -> dict[str, Any]:
+    """Relative path → the JSON, JSON-lines or YAML file's normalised content (its hash when the file is large)."""
+    found: dict[str, Any] = {}
+    for path in _files(out, (".json", ".jsonl", ".yaml")):
         content = normalise(_read(path), str(root))
         text = json.dumps(content, sort_keys=True)
         relative = str(path.relative_to(out))
@@ -268,39 +406,15 @@ def collect_reports(out: Path, root: Path) -> dict[str, list[str]]:
             for path in _files(out, (".md",))}
 
 
-def as_recorded_today(recorded: dict[str, Any], found: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The recorded files with the library's own renames applied: a config.yaml's moved data factories
-    (`t2mlr.training.config.MOVED_FACTORIES`, the same renaming a resumed run gets). With `found`, also the one
-    result-neutral setting the restructuring moved into the trainer config: an experiment's evaluation batch
-    size is now its config's eval.batch_size (the retrofit's generation batches), where the recorded config
-    held the trainer's default, unused because the trainer's periodic evaluation is off (eval.every 0)."""
-    from t2mlr.training.config import EvalConfig, with_current_factories
-
-    today = {}
-    for path, content in recorded.items():
-        if path.endswith("config.yaml") and isinstance(content, dict):
-            content = with_current_factories(content)
-            now = (found or {}).get(path)
-            if (now is not None and content["eval"]["every"] == 0 and now["eval"]["every"] == 0
-                    and content["eval"]["batch_size"] == EvalConfig.batch_size):
-                content["eval"]["batch_size"] = now["eval"]["batch_size"]
-        today[path] = content
-    return today
-
-
 def differences(recorded: Any, current: Any, where: str = "") -> list[str]:
-    """Every place the two trees differ (values compared exactly: the runs are deterministic), but for the
-    preset echo's moved and added keys (`ECHO_MOVED`) and the keys gained since recording (`GAINED`)."""
+    """Every place the two trees differ, values compared exactly (the oracle's comparison)."""
     if isinstance(recorded, dict) and isinstance(current, dict):
-        echo = where.endswith(f"/{ECHO}") and ("results.json/" in where or "meta.json/" in where)
         out = []
         for key in sorted(set(recorded) | set(current)):
             if key not in current:
-                if not (echo and key in ECHO_MOVED):
-                    out.append(f"{where}/{key}: missing now")
+                out.append(f"{where}/{key}: missing now")
             elif key not in recorded:
-                if not echo and key not in GAINED:
-                    out.append(f"{where}/{key}: new (not recorded)")
+                out.append(f"{where}/{key}: new (not recorded)")
             else:
                 out += differences(recorded[key], current[key], f"{where}/{key}")
         return out
@@ -323,47 +437,35 @@ def report_differences(recorded: dict[str, list[str]], current: dict[str, list[s
     return out
 
 
-def run_golden(run: GoldenRun, workdir: Path) -> tuple[dict[str, Any], dict[str, list[str]]]:
-    """Run it into `workdir`: its machine-readable outputs (`collect`) and its reports (`collect_reports`)."""
-    out = run.run(workdir)
-    return collect(out, workdir), collect_reports(out, workdir)
+def oracle_path(name: str) -> Path:
+    """Where this machine's kernel set keeps one run's complete outputs for the bit-exact oracle."""
+    from conftest import kernel_set_key
+
+    return ORACLE / kernel_set_key() / f"{name}.json"
 
 
-def cpu_kernels() -> str:
-    """The kernel set torch computes with on this machine's CPU (AVX2, AVX512, ...)."""
-    import torch
-
-    return torch.backends.cpu.get_cpu_capability()
-
-
-def fixture_path(name: str, kernels: str | None = None, reports: bool = False) -> Path:
-    """Where one run's outputs (or, with `reports`, its masked reports) on a kernel set (default: this
-    machine's) are recorded."""
-    return FIXTURES / (kernels or cpu_kernels()).lower() / f"{name}{'.reports' if reports else ''}.json"
+def oracle_differences(name: str, out: Path, root: Path) -> list[str]:
+    """The bit-exact comparison of a run's outputs with this machine's recording of them."""
+    recorded = json.loads(oracle_path(name).read_text(encoding="utf-8"))
+    return (differences(recorded["outputs"], collect(out, root))
+            + report_differences(recorded["reports"], collect_reports(out, root)))
 
 
-def recorded_kernels() -> list[str]:
-    return sorted(path.name.upper() for path in FIXTURES.iterdir() if path.is_dir() and path.name != "inputs")
+def record_oracle(name: str, out: Path, root: Path) -> None:
+    oracle_path(name).parent.mkdir(parents=True, exist_ok=True)
+    recorded = {"outputs": collect(out, root), "reports": collect_reports(out, root)}
+    oracle_path(name).write_text(json.dumps(recorded, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def read_fixture(name: str, kernels: str | None = None, reports: bool = False) -> dict[str, Any]:
-    """The recorded outputs (or reports) of one run (a list of one-entry objects, one line per file, for
-    readable diffs)."""
-    text = fixture_path(name, kernels, reports).read_text(encoding="utf-8")
-    return {path: content for entry in json.loads(text) for path, content in entry.items()}
-
-
-def write_fixture(name: str, found: dict[str, Any], reports: bool = False) -> None:
-    lines = [json.dumps({path: content}, sort_keys=True) for path, content in sorted(found.items())]
-    fixture_path(name, reports=reports).parent.mkdir(parents=True, exist_ok=True)
-    fixture_path(name, reports=reports).write_text("[\n" + ",\n".join(lines) + "\n]\n", encoding="utf-8")
+# ---------------------------------------------------------------------------------------------- the script
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="record the golden outputs of the tiny experiments")
-    parser.add_argument("names", nargs="*", help="runs to record (default: all)")
-    parser.add_argument("--write", action="store_true", help="write the fixtures (otherwise compare with them)")
-    parser.add_argument("--write-reports", action="store_true", help="write the markdown reports' fixtures")
+    parser.add_argument("names", nargs="*", help="runs (default: all)")
+    parser.add_argument("--write", action="store_true", help="write the checked-in summaries")
+    parser.add_argument("--record-oracle", action="store_true",
+                        help="record this machine's complete outputs for the bit-exact oracle (pytest -m golden)")
     args = parser.parse_args(argv)
     import torch
 
@@ -373,22 +475,23 @@ def main(argv: list[str] | None = None) -> int:
     for run in chosen:
         workdir = Path(tempfile.mkdtemp(prefix=f"golden_{run.name}_"))
         try:
-            found, reports = run_golden(run, workdir)
+            out = run.run(workdir)
+            summary = summarise(out, workdir)
+            if args.record_oracle:
+                record_oracle(run.name, out, workdir)
+                print(f"recorded {run.name}'s complete outputs in {oracle_path(run.name)}")
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
-        if args.write or args.write_reports:
-            if args.write:
-                write_fixture(run.name, found)
-            if args.write_reports:
-                write_fixture(run.name, reports, reports=True)
-            print(f"recorded {run.name} on {cpu_kernels()} kernels: {len(found)} files, {len(reports)} reports")
-            continue
-        diffs = differences(as_recorded_today(read_fixture(run.name), found), found)
-        diffs += report_differences(read_fixture(run.name, reports=True), reports)
-        failed += bool(diffs)
-        print(f"{run.name}: {'same' if not diffs else f'{len(diffs)} differences'}")
-        for line in diffs[:40]:
-            print("  " + line)
+        if args.write:
+            write_summary(run.name, summary)
+            print(f"recorded {run.name}: {len(summary['files'])} files, "
+                  f"{sum(map(len, summary['numbers'].values()))} numbers, {len(summary['reports'])} reports")
+        elif not args.record_oracle:
+            diffs = summary_differences(read_summary(run.name), summary, run.eval_examples)
+            failed += bool(diffs)
+            print(f"{run.name}: {'same' if not diffs else f'{len(diffs)} differences'}")
+            for line in diffs[:40]:
+                print("  " + line)
     return 1 if failed else 0
 
 

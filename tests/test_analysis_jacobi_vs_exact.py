@@ -8,6 +8,7 @@ import json
 import pytest
 import yaml
 from analysis_helpers import TINY_TRAINING
+from golden_experiments import ATOL, RTOL
 
 from t2mlr.analysis.jacobi_vs_exact import training_arms
 from t2mlr.baselines.matching import count_parameters
@@ -55,8 +56,10 @@ def test_command_trains_three_arms_evaluates_both_paths_and_resumes(tmp_path, ca
     payload = json.loads((out / "jacobi_vs_exact.json").read_text())
     cells = payload["cells"]
     assert set(cells) == {"transformer", "exact/exact", "exact/jacobi", "jacobi/exact", "jacobi/jacobi"}
-    assert cells["jacobi/jacobi"]["loss"] == pytest.approx(cells["jacobi/exact"]["loss"], abs=1e-4)
-    assert cells["exact/jacobi"]["loss"] == pytest.approx(cells["exact/exact"]["loss"], abs=1e-4)
+    # evaluated deeper than the rows are long, Jacobi is the exact path: the same loss to float32 rounding, at the
+    # golden experiments' tolerance for a loss (tests/golden_experiments.py)
+    assert cells["jacobi/jacobi"]["loss"] == pytest.approx(cells["jacobi/exact"]["loss"], rel=RTOL, abs=ATOL)
+    assert cells["exact/jacobi"]["loss"] == pytest.approx(cells["exact/exact"]["loss"], rel=RTOL, abs=ATOL)
     assert cells["jacobi/exact"]["loss"] != cells["exact/exact"]["loss"]  # two different trainings
     claims = payload["claims"]
     assert claims["train_gap"] == pytest.approx(cells["jacobi/exact"]["loss"] - cells["exact/exact"]["loss"])

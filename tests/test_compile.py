@@ -9,11 +9,15 @@ took another branch than eager did.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
-from conftest import random_ids, tiny_model
+from conftest import kernel_set_key, random_ids, tiny_model
 
 from t2mlr.model import T2MLRCache, T2MLRForCausalLM
 
@@ -190,3 +194,48 @@ def test_cuda_graph_decoding_with_a_static_cache_matches_eager() -> None:
         out = model.generate(prompt, cache_implementation="static", compile_config=config, **settings)
         assert torch.equal(out.sequences, eager.sequences)
         torch.testing.assert_close(torch.stack(out.logits), torch.stack(eager.logits), rtol=0, atol=1e-4)
+
+
+# A fresh process that keys inductor's cache the way conftest does, compiles a small function with inductor
+# (C++ kernels for this CPU) and prints its kernel set and the folder inductor used.
+COMPILE_ONCE = """
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+import conftest
+conftest.keep_inductor_cache_per_kernel_set()
+from torch._inductor.runtime.cache_dir_utils import cache_dir
+torch.compile(lambda x: torch.sin(x) * 2 + 1)(torch.randn(64))
+print(torch.backends.cpu.get_cpu_capability(), cache_dir())
+"""
+
+
+def compile_in_a_fresh_process(root: Path, capability: str | None) -> tuple[str, Path]:
+    env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(root)
+    if capability is not None:
+        env["ATEN_CPU_CAPABILITY"] = capability
+    done = subprocess.run([sys.executable, "-c", COMPILE_ONCE, str(Path(__file__).parent)], env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    kernels, folder = done.stdout.split()
+    return kernels, Path(folder)
+
+
+def test_inductor_keeps_compiled_code_apart_per_cpu_kernel_set(tmp_path: Path) -> None:
+    """The test session's inductor cache is a folder of its own kernel set and torch version (conftest), so a
+    run forced onto other kernels (ATEN_CPU_CAPABILITY) never loads code compiled for these: two processes
+    sharing one cache root, one on the CPU's own kernels and one on the plain default ones, each compile into
+    their own folder."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    assert Path(cache_dir()).name == kernel_set_key()
+    assert kernel_set_key() == f"{torch.backends.cpu.get_cpu_capability()}-torch{torch.__version__}"
+    native, native_folder = compile_in_a_fresh_process(tmp_path, None)
+    default, default_folder = compile_in_a_fresh_process(tmp_path, "default")
+    if native == default:
+        pytest.skip(f"this CPU has only the {default} kernels: there is no other set to keep apart")
+    assert native_folder == tmp_path / f"{native}-torch{torch.__version__}"
+    assert default_folder == tmp_path / f"DEFAULT-torch{torch.__version__}"
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted([native_folder.name, default_folder.name])
+    for folder in (native_folder, default_folder):
+        assert any(path.suffix == ".so" for path in folder.rglob("*")), f"nothing compiled into {folder}"

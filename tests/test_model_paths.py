@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import random_ids, tiny_model
+from rounding import forward_tolerance
 
 FAMILIES = ["llama", "qwen2", "mistral"]
 PATHS = ["exact", "jacobi", "off"]
@@ -92,13 +93,15 @@ def test_placements_including_full_and_single_block(l_start: int, l_end: int) ->
     assert (jacobi - exact).abs().max() <= 1e-9
 
 
-def test_float32_jacobi_matches_exact_within_1e4() -> None:
+def test_float32_jacobi_matches_exact_to_float32_rounding() -> None:
+    """The parallel iterates and the token loop are two float32 computations: `rounding.MARGIN` times float32's
+    own gap to float64 on the exact path apart at most (a shallow depth is 1e-3 or more off, above)."""
     model = tiny_model(dtype=torch.float32)
     ids = random_ids(3, 16)
     with torch.no_grad():
         exact = model(ids, recurrence="exact").logits
         jacobi = model(ids, recurrence="jacobi", d_forward=17, d_backward=1).logits
-    assert (jacobi - exact).abs().max() <= 1e-4
+    assert (jacobi - exact).abs().max() <= forward_tolerance(model, ids, recurrence="exact")
 
 
 def test_default_path_follows_train_and_eval_mode() -> None:

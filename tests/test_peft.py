@@ -26,6 +26,7 @@ import torch  # noqa: E402
 from conftest import random_ids, tiny_model  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from peft import LoraConfig, PeftModel, PrefixTuningConfig, TaskType, get_peft_model  # noqa: E402
+from rounding import forward_tolerance  # noqa: E402
 from test_generation import build_tokenizer  # noqa: E402
 from test_trl import TEXTS, gates, mean_nll, save_tiny_t2mlr, trainer_args  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
@@ -78,8 +79,10 @@ def test_sft_with_lora_trains_the_adapters_and_the_fusion_and_reloads(tmp_path: 
     merged.save_pretrained(tmp_path / "merged")
     from_merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
     for path, reference in expected.items():
-        torch.testing.assert_close(logits(reloaded, ids, recurrence=path), reference, rtol=0, atol=1e-5)
-        torch.testing.assert_close(logits(from_merged, ids, recurrence=path), reference, rtol=0, atol=1e-5)
+        # the adapters beside the weights and merged into them are two float32 computations: rounding apart
+        tolerance = forward_tolerance(from_merged, ids, recurrence=path)
+        torch.testing.assert_close(logits(reloaded, ids, recurrence=path), reference, rtol=0, atol=tolerance)
+        torch.testing.assert_close(logits(from_merged, ids, recurrence=path), reference, rtol=0, atol=tolerance)
 
 
 def test_lora_on_the_fusion_behind_gates_frozen_at_zero_is_refused(tmp_path: Path) -> None:

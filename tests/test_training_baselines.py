@@ -275,3 +275,30 @@ def test_fsdp_two_ranks_train_a_looped_model_like_one_process(tmp_path: Path) ->
     for name in single:
         torch.testing.assert_close(sharded[name], single[name], rtol=1e-4, atol=1e-5, msg=name)
     assert "parallel fsdp × 2 rank(s)" in (tmp_path / "fsdp" / "train.log").read_text()
+
+
+@pytest.mark.parametrize("kind", ["matched transformer", "looped"])
+def test_a_plain_model_keeps_a_packed_rows_documents_apart(kind: str) -> None:
+    """The inputs the trainer and the analyses give a model without recurrence (`PLAIN_FORWARD`): a packed row's
+    second document (position_ids restarting at 0) gets the logits it gets alone. With transformers' default
+    use_cache=True the plain Llama created a cache, which turns off its packed-row detection, and the document
+    attended to the one before it (0.4 apart in the matched Transformer of `experiment pretrain --preset tiny`)."""
+    from t2mlr.analysis.common import model_inputs
+    from t2mlr.baselines import LoopedConfig, MatchedLlamaForCausalLM, matched_llama_config
+
+    torch.manual_seed(0)
+    base = tiny_base_config(layers=4)
+    plain = (MatchedLlamaForCausalLM(matched_llama_config(base, 40)) if kind == "matched transformer"
+             else LoopedForCausalLM(LoopedConfig.from_base(base, loop_start=1, loop_end=2, loops=2)))
+    plain = plain.double().eval()
+    ids = torch.randint(3, 61, (1, 10))
+    batch = {"input_ids": ids, "position_ids": torch.tensor([[0, 1, 2, 3, 4, 5, 0, 1, 2, 3]]), "labels": ids}
+    inputs = model_inputs(plain, batch)
+    inputs.pop("labels")
+    with torch.no_grad():
+        packed = plain(**inputs).logits[0, 6:]
+        alone = plain(input_ids=ids[:, 6:]).logits[0]
+        crossing = plain(input_ids=ids, position_ids=batch["position_ids"]).logits[0, 6:]  # the default use_cache
+    torch.testing.assert_close(packed, alone, rtol=0, atol=1e-12)
+    if kind == "matched transformer":
+        assert (crossing - alone).abs().max() > 1e-3  # without PLAIN_FORWARD the test would fail

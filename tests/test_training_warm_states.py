@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from rounding import float32_tolerance, in_dtype
 
 from t2mlr import T2MLRCache
 from t2mlr.training.config import ConfigError, load_config
@@ -59,9 +60,11 @@ def test_a_deep_first_visit_stores_the_exact_states(tmp_path: Path) -> None:
     trainer = trainer_with_open_gates(tmp_path / "run", "model.d_forward=13", "train.max_steps=1")
     batch = all_rows(trainer)
     expected, _ = exact_states_and_loss(trainer.model, batch)
+    # the Jacobi iterates and the exact loop are two float32 computations of the states: rounding apart
+    tolerance = float32_tolerance(lambda dtype: exact_states_and_loss(in_dtype(trainer.model, dtype), batch)[0])
     trainer.train()
     stored = torch.stack([trainer.warm_states.states[i] for i in range(4)])
-    torch.testing.assert_close(stored, expected, rtol=0, atol=2e-5)
+    torch.testing.assert_close(stored, expected, rtol=0, atol=tolerance)
 
 
 def test_repeated_visits_converge_to_the_exact_loss(tmp_path: Path) -> None:

@@ -32,7 +32,7 @@ from t2mlr.model import is_t2mlr
 from t2mlr.training.config import DataConfig, config_from_tree
 from t2mlr.training.data import Collator, count_targets, labels_aligned
 from t2mlr.training.distributed import DistEnv, shard_and_gather
-from t2mlr.training.model_factory import RECURRENCE_ONLY_INPUTS
+from t2mlr.training.model_factory import PLAIN_FORWARD, RECURRENCE_ONLY_INPUTS
 from t2mlr.utils import IGNORE_INDEX, TOKENIZER_FILES
 
 __all__ = [
@@ -197,10 +197,13 @@ def model_batches(dataset: Any, indices: Sequence[int], batch_size: int,
 
 
 def model_inputs(model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Batch tensors on the model's device; plain models do not get the recurrence-only keys (as in training)."""
+    """Batch tensors on the model's device; plain models do not get the recurrence-only keys and run without a
+    cache (`PLAIN_FORWARD`), as in training."""
     device = next(model.parameters()).device
-    keep = batch if is_t2mlr(model) else {k: v for k, v in batch.items() if k not in RECURRENCE_ONLY_INPUTS}
-    return {k: v.to(device) for k, v in keep.items()}
+    if is_t2mlr(model):
+        return {k: v.to(device) for k, v in batch.items()}
+    keep = {k: v.to(device) for k, v in batch.items() if k not in RECURRENCE_ONLY_INPUTS}
+    return {**keep, **PLAIN_FORWARD}
 
 
 # ---------------------------------------------------------------------------------------------- losses

@@ -28,6 +28,9 @@ from t2mlr.training.config import ModelConfig
 log = logging.getLogger(__name__)
 
 RECURRENCE_ONLY_INPUTS = ("recurrence_mask", "document_ids")  # batch keys only a T²MLR forward takes
+# A plain model's training and evaluation forward: transformers keeps a packed row's documents apart (from
+# position_ids restarting at 0) only when no cache is passed or created, and its default use_cache=True creates one.
+PLAIN_FORWARD = {"use_cache": False}
 
 
 def base_config(cfg: ModelConfig) -> PretrainedConfig:

@@ -63,6 +63,7 @@ from t2mlr.training.data import (
 from t2mlr.training.distributed import DistEnv
 from t2mlr.training.metrics import MetricsWriter, optimizer_step_seconds, read_metrics, setup_logging
 from t2mlr.training.model_factory import (
+    PLAIN_FORWARD,
     RECURRENCE_ONLY_INPUTS,
     base_config,
     build_model,
@@ -398,10 +399,11 @@ class Trainer:
 
     def _model_inputs(self, batch: dict[str, torch.Tensor], overrides: dict[str, Any] | None = None) -> dict[str, Any]:
         """Batch tensors on the device plus the run's path overrides; a model without recurrence does not
-        get the recurrence-only inputs a T²MLR dataset may carry."""
+        get the recurrence-only inputs a T²MLR dataset may carry, and runs without a cache (`PLAIN_FORWARD`)."""
         device = self.env.device
         keep = {k: v for k, v in batch.items() if self.recurrent or k not in RECURRENCE_ONLY_INPUTS}
-        return {**{k: v.to(device, non_blocking=True) for k, v in keep.items()}, **(overrides or {})}
+        plain = {} if self.recurrent else PLAIN_FORWARD
+        return {**{k: v.to(device, non_blocking=True) for k, v in keep.items()}, **plain, **(overrides or {})}
 
     def eval_recurrence(self) -> str:
         if not self.recurrent:
