@@ -18,14 +18,14 @@ exact path's token loop. All of this is written once, here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 from transformers import AutoModel, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
-from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .checkpoint_keys import LEGACY_KEY_MAPPING
 from .layout import LayerInputs, TokenLayout, layer_inputs
@@ -87,7 +87,7 @@ def checkpoints_reentrantly(layer: nn.Module) -> bool:
     """Whether a block runs under reentrant activation checkpointing in this forward: transformers'
     `gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})` (torch's default
     when the keyword is left out), in training mode."""
-    if not (getattr(layer, "gradient_checkpointing", False) and layer.training):
+    if not checkpoints_now(layer):
         return False
     function = getattr(layer, "_gradient_checkpointing_func", None)
     keywords = getattr(function, "keywords", None)  # transformers stores a functools.partial of checkpoint
@@ -95,10 +95,32 @@ def checkpoints_reentrantly(layer: nn.Module) -> bool:
 
 
 def call_block(layer: nn.Module, hidden: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-    """One decoder-layer call; checkpointed (when enabled and training) only if it writes no KV cache."""
-    if kwargs.get("past_key_values") is not None and isinstance(layer, GradientCheckpointingLayer):
-        return nn.Module.__call__(layer, hidden, **kwargs)  # hooks run; the checkpointing wrapper does not
+    """One decoder-layer call; checkpointed (when enabled and training) only if it writes no KV cache and
+    keeps a graph (the Jacobi path's detached iterations have nothing to recompute).
+
+    transformers' checkpointing wrapper drops a cache it is given (up to 5.19 it wraps the layer's
+    `__call__`, from 5.23 its `forward`), so a call that writes one runs with the layer's checkpointing
+    paused: on every version the wrapper then passes the call through, hooks included."""
+    writes_cache = kwargs.get("past_key_values") is not None
+    if checkpoints_now(layer) and (writes_cache or not torch.is_grad_enabled()):
+        with checkpointing_paused(layer):
+            return layer(hidden, **kwargs)
     return layer(hidden, **kwargs)
+
+
+def checkpoints_now(layer: nn.Module) -> bool:
+    """Whether transformers' checkpointing wrapper of this block is active: enabled, and in training mode."""
+    return bool(getattr(layer, "gradient_checkpointing", False)) and layer.training
+
+
+@contextmanager
+def checkpointing_paused(layer: nn.Module) -> Iterator[None]:
+    """The block's activation checkpointing switched off for one call (restored afterwards)."""
+    layer.gradient_checkpointing = False
+    try:
+        yield
+    finally:
+        layer.gradient_checkpointing = True
 
 
 def logits_positions(logits_to_keep: int | torch.Tensor) -> slice | torch.Tensor:
