@@ -123,13 +123,19 @@ def checked_labels(
 
 
 def checked_cache(past_key_values: Any, use_cache: bool | None) -> T2MLRCache | T2MLRStaticCache | None:
+    """The cache a forward continues: this model's own, which carries R beside the keys and values.
+
+    Any other cache is refused, an empty `DynamicCache` too: converting it would fill a new object while
+    the caller's stays empty, and a loop that passes the caller's object again would silently restart
+    the sequence at position 0 (docs/decoding.md, "Decoding by hand")."""
     if past_key_values is None:
         return None
     if not isinstance(past_key_values, (T2MLRCache, T2MLRStaticCache)):
         raise ValueError(
-            "past_key_values must be a T2MLRCache or T2MLRStaticCache (they carry the recurrent state), "
-            f"got {type(past_key_values).__name__} (PEFT's prefix tuning passes such a cache of virtual keys, "
-            "which have no recurrent state: it is not supported; LoRA is)"
+            "past_key_values must be a T2MLRCache or T2MLRStaticCache, which carry the recurrent state R beside "
+            f"the keys and values; got {type(past_key_values).__name__}. Pass none with use_cache=True and continue "
+            "from out.past_key_values, or create one with T2MLRCache(config=model.config). (PEFT's prefix tuning "
+            "passes a cache of virtual keys, which have no recurrent state: it is not supported; LoRA is)"
         )
     if use_cache is False:
         raise ValueError("use_cache=False contradicts the past_key_values that was passed")

@@ -145,6 +145,16 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
         holds most of the activations that gradients need; the other blocks run once."""
         checkpoint_blocks(self.layers, self.middle_layer_indices(), enabled)
 
+    def builds_cache(self, use_cache: bool | None) -> bool:
+        """Whether a forward given no cache starts one (and returns it, for the next chunk to continue).
+        `use_cache=None` follows the config's `use_cache` in evaluation mode, as `LlamaModel` does; in
+        training mode it means no cache: a training step reads none back, and keeping one would cost a
+        copy of every block's keys and values. Under torch.compile it means none either: a growing cache
+        does not trace (a compiled step is given its cache, as `generate()` gives a static one)."""
+        if use_cache is None:
+            use_cache = not self.training and not torch.compiler.is_compiling() and default_use_cache(self.config)
+        return bool(use_cache)
+
     # ----------------------------------------------------------------------------- forward
     def forward(
         self,
@@ -195,6 +205,8 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
         if self.training and torch.is_grad_enabled() and not torch.compiler.is_compiling():
             checks.check_gates_pass_gradients(self.fusion)
         cache = checks.checked_cache(past_key_values, use_cache)
+        if cache is None and self.builds_cache(use_cache):
+            cache = T2MLRCache(config=self.config.base_config)
         past = checks.cached_length(cache)
         layout, attention_mask = checks.checked_chunk(
             input_ids, inputs_embeds, attention_mask, position_ids, cache, self.config.hidden_size,
@@ -255,7 +267,7 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
         r_in = zero if cache is None else cache.incoming_state(past, h_low)
         iterations = None
         if path.recurrence == "exact" and path.bptt_window is not None and torch.is_grad_enabled():
-            h_end, r_out = self._truncated_exact_middle(h_low, r_in, inputs, layout, recurrence_mask, path, record)
+            h_end, r_out = self._truncated_exact_middle(h_low, r_in, inputs, layout, recurrence_mask, path, past, record)
         elif path.recurrence == "exact" or h_low.shape[1] == 1:  # one token: the Jacobi fixed point at once
             h_end, r_out = self._exact_middle(h_low, r_in, inputs, layout, recurrence_mask, record)
         elif past > 0:
@@ -338,18 +350,23 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
         layout: TokenLayout,
         recurrence_mask: torch.Tensor | None,
         path: ForwardPath,
+        past: int | torch.Tensor,
         record: list | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The exact path with truncated backpropagation through time (docs/semantics.md §5.1).
 
-        The exact states come from the token-by-token loop without gradients; then they are replayed
-        (`_replayed_middle`): one fused pass over the whole chunk whose backward is that of `bptt_window`
-        Jacobi iterates at the fixed point. The values are the exact path's, and the loss at token t
-        reaches back through R to tokens t-1 .. t-bptt_window only (window 1: R detached after every token)."""
-        if inputs.cache is not None:
-            raise ValueError("bptt_window applies to training forwards without a cache (no past_key_values)")
+        The exact states come from the token-by-token loop without gradients (and without the chunk's
+        cache, which the replay fills); then they are replayed (`_replayed_middle`): one fused pass over the
+        whole chunk whose backward is that of `bptt_window` Jacobi iterates at the fixed point. The values
+        are the exact path's, and the loss at token t reaches back through R to tokens t-1 .. t-bptt_window
+        only (window 1: R detached after every token)."""
+        if past > 0:
+            raise ValueError(
+                "bptt_window applies to a chunk that starts its sequence, not to one continuing a cache: "
+                "continue it under torch.no_grad(), or pass bptt_window=None"
+            )
         with torch.no_grad():  # detached: a view of a graph tensor made under no_grad still requires grad
-            _, exact_states = self._exact_middle(h_low.detach(), r_in, inputs, layout, recurrence_mask)
+            _, exact_states = self._exact_middle(h_low.detach(), r_in, inputs.without_cache(), layout, recurrence_mask)
         return self._replayed_middle(h_low, r_in, inputs, layout, recurrence_mask, path.bptt_window, exact_states, record)
 
     def _replayed_middle(
@@ -579,6 +596,14 @@ def _settle_on_device(
 def _largest_move(r_next: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
     """max |r_next - r| in float64, as the eager loop compares it with the tolerance (a Python float)."""
     return (r_next - r).abs().max().to(torch.float64)
+
+
+def default_use_cache(config: T2MLRConfig) -> bool:
+    """The config's `use_cache` (the base config's when the T²MLR config does not set one; True if neither does)."""
+    value = getattr(config, "use_cache", None)
+    if value is None:
+        value = getattr(config.base_config, "use_cache", None)
+    return True if value is None else bool(value)
 
 
 def _last_state(r_out: torch.Tensor) -> torch.Tensor:
