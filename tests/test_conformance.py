@@ -323,13 +323,13 @@ def test_rope_scaling_runs_positions_beyond_max_position_embeddings(family: str)
         full = opened(ids).logits
         cache = opened(ids[:, :40], use_cache=True).past_key_values
         assert_close(opened(ids[:, 40:], past_key_values=cache).logits, full[:, 40:], TOL64)
-        with pytest.raises(ValueError, match="beyond the 128 positions"):
+        with pytest.raises(ValueError, match="limit of 128 positions"):
             opened(random_ids(1, 129))
 
 
 def test_without_rope_scaling_positions_stop_at_max_position_embeddings() -> None:
     model = tiny_model(base_overrides={"max_position_embeddings": 32})
-    with pytest.raises(ValueError, match=r"beyond the 32 positions .*rope_parameters"):
+    with pytest.raises(ValueError, match=r"limit of 32 positions .*rope_parameters"):
         model(random_ids(1, 33))
 
 
@@ -397,6 +397,7 @@ def test_declared_abilities_are_the_tested_ones() -> None:
     assert T2MLRForCausalLM._can_compile_fullgraph and T2MLRForCausalLM.supports_gradient_checkpointing
     assert T2MLRForCausalLM._supports_sdpa and not T2MLRForCausalLM._supports_flex_attn
     assert T2MLRForCausalLM._supports_context_parallel is False
+    assert tiny_model().supports_context_parallel is False  # what transformers' context-parallel setup asks
 
 
 def test_what_cannot_apply_to_a_recurrent_model_is_refused_with_the_reason() -> None:

@@ -68,10 +68,10 @@ def check_value_ranges(
             raise ValueError(f"token ids must lie in [0, {vocab_size}), got range [{low}, {high}]")
     if max_positions is not None and highest_position >= max_positions:
         raise ValueError(
-            f"position {highest_position} is beyond the {max_positions} positions the base model's rotary embedding "
-            "covers (max_position_embeddings, times the factor of a RoPE scaling it is configured with); shorten the "
-            "sequence, pack it into documents, or give the base config a RoPE scaling (rope_parameters, e.g. "
-            "{'rope_type': 'linear', 'factor': 4.0})"
+            f"position {highest_position} exceeds the model's limit of {max_positions} positions (what the base "
+            "model's rotary embedding covers: max_position_embeddings, times the factor of a RoPE scaling it is "
+            "configured with); shorten the sequence, pack it into documents, or give the base config a RoPE scaling "
+            "(rope_parameters, e.g. {'rope_type': 'linear', 'factor': 4.0})"
         )
     return read
 
