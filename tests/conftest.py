@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-from transformers import LlamaConfig, MistralConfig, Qwen2Config
+from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
 from t2mlr import T2MLRCache, T2MLRConfig, T2MLRForCausalLM
 
@@ -53,8 +53,10 @@ def tiny_base_config(family: str = "llama", layers: int = 5, hidden: int = 32, *
         bos_token_id=1,
         eos_token_id=2,
     )
+    if family == "qwen3":  # Qwen3Config's head_dim does not follow hidden_size (its default is 128)
+        common["head_dim"] = hidden // common["num_attention_heads"]
     common.update(overrides)
-    cls = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config}[family]
+    cls = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}[family]
     return cls(**common)
 
 

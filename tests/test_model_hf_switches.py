@@ -16,29 +16,46 @@ PATHS = [
 ]
 
 
-def _loss_and_grads(model, ids, mask, path) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def _loss_and_grads(model, ids, mask, path, document_ids=None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     model.zero_grad()
     labels = ids.masked_fill(mask == 0, -100)
-    loss = model(ids, attention_mask=mask, labels=labels, **path).loss
+    loss = model(ids, attention_mask=mask, labels=labels, document_ids=document_ids, **path).loss
     loss.backward()
     return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("path", PATHS, ids=["exact", "exact-bptt2", "jacobi-4-2"])
-def test_gradient_checkpointing_changes_neither_loss_nor_gradients(path: dict) -> None:
-    model = tiny_model(l_start=2, l_end=4).train()
+def _batch(kind: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Ids, attention mask and document ids of a padded (left and right) or a packed (two documents) batch."""
     ids = random_ids(3, 9)
     mask = torch.ones_like(ids)
-    mask[0, :3] = 0  # left padding
-    mask[2, -2:] = 0  # right padding
-    loss, grads = _loss_and_grads(model, ids, mask, path)
-    model.gradient_checkpointing_enable()
+    if kind == "padded":
+        mask[0, :3] = 0  # left padding
+        mask[2, -2:] = 0  # right padding
+        return ids, mask, None
+    return ids, mask, torch.tensor([[0] * 4 + [1] * 5] * 3)
+
+
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
+@pytest.mark.parametrize("kind", ["padded", "packed"])
+@pytest.mark.parametrize("path", PATHS, ids=["exact", "exact-bptt2", "jacobi-4-2"])
+def test_gradient_checkpointing_changes_neither_loss_nor_gradients(path: dict, kind: str, reentrant: bool) -> None:
+    """On every transformers version of the supported range: 5.23 moved its checkpointing wrapper from the
+    layer's `__call__` to its `forward`, where it dropped the exact path's KV cache (`call_block`)."""
+    model = tiny_model(l_start=2, l_end=4).train()
+    ids, mask, documents = _batch(kind)
+    loss, grads = _loss_and_grads(model, ids, mask, path, documents)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
     assert all(layer.gradient_checkpointing for layer in model.model.layers)
-    checkpointed_loss, checkpointed = _loss_and_grads(model, ids, mask, path)
+    if reentrant and "bptt_window" in path:  # the replay's backward calls torch.autograd.grad: refused, with the fix
+        with pytest.raises(ValueError, match="use_reentrant"):
+            _loss_and_grads(model, ids, mask, path, documents)
+        return
+    checkpointed_loss, checkpointed = _loss_and_grads(model, ids, mask, path, documents)
     torch.testing.assert_close(checkpointed_loss, loss, rtol=0, atol=1e-12)
     assert checkpointed.keys() == grads.keys() and "model.fusion.w_rec.weight" in grads
     for name, grad in grads.items():
         torch.testing.assert_close(checkpointed[name], grad, rtol=0, atol=1e-10, msg=name)
+    assert all(layer.gradient_checkpointing for layer in model.model.layers)  # pausing it for a call restored it
 
 
 def test_gradient_checkpointing_recomputes_the_blocks_it_may(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -68,10 +68,38 @@ def check_value_ranges(
             raise ValueError(f"token ids must lie in [0, {vocab_size}), got range [{low}, {high}]")
     if max_positions is not None and highest_position >= max_positions:
         raise ValueError(
-            f"position {highest_position} exceeds the base model's limit (max_position_embeddings={max_positions}); "
-            "shorten the sequence or pack it into documents"
+            f"position {highest_position} exceeds the model's limit of {max_positions} positions (what the base "
+            "model's rotary embedding covers: max_position_embeddings, times the factor of a RoPE scaling it is "
+            "configured with); shorten the sequence, pack it into documents, or give the base config a RoPE scaling "
+            "(rope_parameters, e.g. {'rope_type': 'linear', 'factor': 4.0})"
         )
     return read
+
+
+def position_limit(base_config: Any) -> int | None:
+    """How many positions the base model's rotary embedding covers: `max_position_embeddings`, extended by
+    a RoPE scaling's factor (linear, yarn, llama3, longrope: factor × the original length, where the config
+    gives one), unbounded for dynamic NTK scaling, which rescales itself to any length. None: no limit."""
+    limit = getattr(base_config, "max_position_embeddings", None)
+    rope = getattr(base_config, "rope_parameters", None) or getattr(base_config, "rope_scaling", None) or {}
+    if limit is None or not isinstance(rope, dict):
+        return limit
+    per_type = [rope] if "rope_type" in rope or "type" in rope else [v for v in rope.values() if isinstance(v, dict)]
+    bounded = [scaled for scaled in (_scaled_limit(limit, parameters) for parameters in per_type) if scaled is not None]
+    if per_type and not bounded:
+        return None
+    return min(bounded, default=limit)
+
+
+def _scaled_limit(limit: int, rope: dict[str, Any]) -> int | None:
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind == "dynamic":
+        return None
+    factor = rope.get("factor")
+    if kind == "default" or factor is None:
+        return limit
+    original = rope.get("original_max_position_embeddings") or limit
+    return max(limit, int(factor * original))
 
 
 def checked_chunk(
@@ -123,13 +151,19 @@ def checked_labels(
 
 
 def checked_cache(past_key_values: Any, use_cache: bool | None) -> T2MLRCache | T2MLRStaticCache | None:
+    """The cache a forward continues: this model's own, which carries R beside the keys and values.
+
+    Any other cache is refused, an empty `DynamicCache` too: converting it would fill a new object while
+    the caller's stays empty, and a loop that passes the caller's object again would silently restart
+    the sequence at position 0 (docs/decoding.md, "Decoding by hand")."""
     if past_key_values is None:
         return None
     if not isinstance(past_key_values, (T2MLRCache, T2MLRStaticCache)):
         raise ValueError(
-            "past_key_values must be a T2MLRCache or T2MLRStaticCache (they carry the recurrent state), "
-            f"got {type(past_key_values).__name__} (PEFT's prefix tuning passes such a cache of virtual keys, "
-            "which have no recurrent state: it is not supported; LoRA is)"
+            "past_key_values must be a T2MLRCache or T2MLRStaticCache, which carry the recurrent state R beside "
+            f"the keys and values; got {type(past_key_values).__name__}. Pass none with use_cache=True and continue "
+            "from out.past_key_values, or create one with T2MLRCache(config=model.config). (PEFT's prefix tuning "
+            "passes a cache of virtual keys, which have no recurrent state: it is not supported; LoRA is)"
         )
     if use_cache is False:
         raise ValueError("use_cache=False contradicts the past_key_values that was passed")
@@ -210,6 +244,18 @@ def checked_initial_states(
             f"got {tuple(states.shape)}"
         )
     return states.detach()
+
+
+def check_attention_weights_available(implementations: Iterable[str | None]) -> None:
+    """`output_attentions=True` needs the eager attention, the one that returns its weights (SDPA's, flash's
+    and flex's kernels never form them); refused before any compute, from the argument and the config alike."""
+    others = sorted({str(name) for name in implementations if name != "eager"})
+    if others:
+        raise ValueError(
+            f"output_attentions=True needs attn_implementation='eager', the attention that returns its weights; this "
+            f"model runs {', '.join(others)}, whose kernel does not: call model.set_attn_implementation('eager') first "
+            "(or load it with attn_implementation='eager'), or leave output_attentions off"
+        )
 
 
 def check_block_count(layers: Sequence[Any], num_layers: int) -> None:

@@ -58,11 +58,19 @@ class T2MLRGenerationMixin(GenerationMixin):
         return past_key_values.padded_mask(attention_mask)
 
     def prepare_inputs_for_generation(
-        self, input_ids: torch.LongTensor, *args: Any, recurrence_mask: torch.Tensor | None = None, **kwargs: Any
+        self,
+        input_ids: torch.LongTensor,
+        *args: Any,
+        inputs_embeds: torch.Tensor | None = None,
+        recurrence_mask: torch.Tensor | None = None,
+        **kwargs: Any,
     ) -> dict[str, Any]:
         """Per-step inputs: once the cache holds the prompt, chunks continue it on the exact path; with
-        recurrence_mask_policy="mask", `recurrence_mask` covers the prompt and generated tokens recur."""
-        inputs = super().prepare_inputs_for_generation(input_ids, *args, **kwargs)
+        recurrence_mask_policy="mask", `recurrence_mask` covers the prompt and generated tokens recur.
+        `inputs_embeds` is named here because generate() accepts a prompt given as embeddings (soft
+        prompts, multimodal front-ends) only from a model whose signature names it; the prompt's step
+        takes them, later steps the generated ids, as transformers arranges."""
+        inputs = super().prepare_inputs_for_generation(input_ids, *args, inputs_embeds=inputs_embeds, **kwargs)
         cache = inputs.get("past_key_values")
         past = cache.get_seq_length() if cache is not None else 0
         if past > 0 and self.config.forward_path(self.training, inputs.get("recurrence")).recurrence == "jacobi":

@@ -26,6 +26,7 @@ each token reads (R_{t-1}, zero at a document start), `r_out` is what each token
 from __future__ import annotations
 
 import inspect
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -34,6 +35,7 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, DynamicCache, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from transformers.utils.generic import can_return_tuple
 
 from t2mlr.utils import check_known_names
 
@@ -56,6 +58,7 @@ from .layout import (
 from .pretrained import load_pretrained_base
 from .remote_code import write_remote_code_modules
 from .wrapping import (
+    AttentionRecorder,
     DecoderBackbone,
     LMHeadOverBackbone,
     RunsBaseDecoder,
@@ -63,6 +66,7 @@ from .wrapping import (
     call_block,
     checkpoint_blocks,
     checkpoints_reentrantly,
+    decoder_configs,
     follow_placement,
 )
 
@@ -92,6 +96,9 @@ class T2MLRCausalLMOutput(CausalLMOutputWithPast):
 class T2MLRPreTrainedModel(RunsBaseDecoder, PreTrainedModel):
     config_class = T2MLRConfig
     base_model_prefix = "model"
+    _can_compile_fullgraph = True  # a step with a static cache is one graph (tests/test_compile.py)
+    # R runs through every token of a row: a row split over devices by context parallelism would drop it
+    _supports_context_parallel = False
 
     def _init_weights(self, module: nn.Module) -> None:
         """The fusion's linears ~ N(0, initializer_range × gate_init_scale) with γ = 0, the cache norm's gain
@@ -145,7 +152,18 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
         holds most of the activations that gradients need; the other blocks run once."""
         checkpoint_blocks(self.layers, self.middle_layer_indices(), enabled)
 
+    def builds_cache(self, use_cache: bool | None) -> bool:
+        """Whether a forward given no cache starts one (and returns it, for the next chunk to continue).
+        `use_cache=None` follows the config's `use_cache` in evaluation mode, as `LlamaModel` does; in
+        training mode it means no cache: a training step reads none back, and keeping one would cost a
+        copy of every block's keys and values. Under torch.compile it means none either: a growing cache
+        does not trace (a compiled step is given its cache, as `generate()` gives a static one)."""
+        if use_cache is None:
+            use_cache = not self.training and not torch.compiler.is_compiling() and default_use_cache(self.config)
+        return bool(use_cache)
+
     # ----------------------------------------------------------------------------- forward
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -182,13 +200,16 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
         With states that are not exact (stale ones from an earlier epoch) leave it False: the iterates then
         move, and only the iterated path is right.
         `output_hidden_states=True` returns every block's output in transformers' convention
-        (embeddings, blocks 1..L-1, the final norm of block L), on every path. Other keyword arguments
-        transformers' tools pass to a backbone (TRL's `logits_to_keep`) are accepted and unused, as
-        `LlamaModel` does; `output_attentions=True` is refused (the attention weights are not kept)."""
-        output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
-        if output_attentions:
-            raise ValueError("output_attentions=True is not supported by T²MLR (the attention weights are not kept)")
+        (embeddings, blocks 1..L-1, the final norm of block L), on every path. `output_attentions=True`
+        (eager attention only) returns every block's attention weights, (batch, heads, chunk, keys): the
+        middle blocks' are the exact path's token rows assembled into one matrix, or the Jacobi path's final
+        pass (docs/semantics.md §5.5). Both default to the config's fields, as in transformers. Other
+        keyword arguments transformers' tools pass to a backbone (TRL's `logits_to_keep`) are accepted and
+        unused, as `LlamaModel` does. `use_cache`: see `builds_cache`."""
         checks.check_no_misspelt_arguments(kwargs, FORWARD_ARGUMENTS)
+        attentions_wanted = self.config.output_attentions if output_attentions is None else output_attentions
+        if attentions_wanted:
+            checks.check_attention_weights_available(c._attn_implementation for c in decoder_configs(self))
         path = self.forward_path(
             recurrence, d_forward=d_forward, d_backward=d_backward, jacobi_tol=jacobi_tol, bptt_window=bptt_window
         )
@@ -196,10 +217,12 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
         if self.training and torch.is_grad_enabled() and not torch.compiler.is_compiling():
             checks.check_gates_pass_gradients(self.fusion)
         cache = checks.checked_cache(past_key_values, use_cache)
+        if cache is None and self.builds_cache(use_cache):
+            cache = T2MLRCache(config=self.config.base_config)
         past = checks.cached_length(cache)
         layout, attention_mask = checks.checked_chunk(
             input_ids, inputs_embeds, attention_mask, position_ids, cache, self.config.hidden_size,
-            self.config.vocab_size, getattr(self.config.base_config, "max_position_embeddings", None), document_ids,
+            self.config.vocab_size, checks.position_limit(self.config.base_config), document_ids,
             reads_states=path.recurrence != "off",
         )
         batch, length = layout.real.shape
@@ -212,17 +235,19 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
         wanted = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
         record = [hidden] if wanted else None
 
-        hidden = self._run_layers(self.prefix_layer_indices(), hidden, inputs, record)
-        hidden, r_out, iterations = self._middle(
-            path, hidden, inputs, layout, recurrence_mask, past, initial_states, exact_states, record
-        )
-        hidden = self.norm(self._run_layers(self.suffix_layer_indices(), hidden, inputs, record))
+        with AttentionRecorder(self.layers) if attentions_wanted else nullcontext() as attentions:
+            hidden = self._run_layers(self.prefix_layer_indices(), hidden, inputs, record)
+            hidden, r_out, iterations = self._middle(
+                path, hidden, inputs, layout, recurrence_mask, past, initial_states, exact_states, record
+            )
+            hidden = self.norm(self._run_layers(self.suffix_layer_indices(), hidden, inputs, record))
         if record is not None:
             record[-1] = hidden  # transformers' convention: the last entry is normed
         return T2MLRModelOutput(
             last_hidden_state=hidden,
             past_key_values=cache,
             hidden_states=None if record is None else tuple(record),
+            attentions=None if attentions is None else attentions.weights(length, past),
             recurrent_state=None if r_out is None else _last_state(r_out),
             jacobi_iterations=iterations,
         )
@@ -256,7 +281,7 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
         r_in = zero if cache is None else cache.incoming_state(past, h_low)
         iterations = None
         if path.recurrence == "exact" and path.bptt_window is not None and torch.is_grad_enabled():
-            h_end, r_out = self._truncated_exact_middle(h_low, r_in, inputs, layout, recurrence_mask, path, record)
+            h_end, r_out = self._truncated_exact_middle(h_low, r_in, inputs, layout, recurrence_mask, path, past, record)
         elif path.recurrence == "exact" or h_low.shape[1] == 1:  # one token: the Jacobi fixed point at once
             h_end, r_out = self._exact_middle(h_low, r_in, inputs, layout, recurrence_mask, record)
         elif past > 0:
@@ -339,18 +364,23 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
         layout: TokenLayout,
         recurrence_mask: torch.Tensor | None,
         path: ForwardPath,
+        past: int | torch.Tensor,
         record: list | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The exact path with truncated backpropagation through time (docs/semantics.md §5.1).
 
-        The exact states come from the token-by-token loop without gradients; then they are replayed
-        (`_replayed_middle`): one fused pass over the whole chunk whose backward is that of `bptt_window`
-        Jacobi iterates at the fixed point. The values are the exact path's, and the loss at token t
-        reaches back through R to tokens t-1 .. t-bptt_window only (window 1: R detached after every token)."""
-        if inputs.cache is not None:
-            raise ValueError("bptt_window applies to training forwards without a cache (no past_key_values)")
+        The exact states come from the token-by-token loop without gradients (and without the chunk's
+        cache, which the replay fills); then they are replayed (`_replayed_middle`): one fused pass over the
+        whole chunk whose backward is that of `bptt_window` Jacobi iterates at the fixed point. The values
+        are the exact path's, and the loss at token t reaches back through R to tokens t-1 .. t-bptt_window
+        only (window 1: R detached after every token)."""
+        if past > 0:
+            raise ValueError(
+                "bptt_window applies to a chunk that starts its sequence, not to one continuing a cache: "
+                "continue it under torch.no_grad(), or pass bptt_window=None"
+            )
         with torch.no_grad():  # detached: a view of a graph tensor made under no_grad still requires grad
-            _, exact_states = self._exact_middle(h_low.detach(), r_in, inputs, layout, recurrence_mask)
+            _, exact_states = self._exact_middle(h_low.detach(), r_in, inputs.without_cache(), layout, recurrence_mask)
         return self._replayed_middle(h_low, r_in, inputs, layout, recurrence_mask, path.bptt_window, exact_states, record)
 
     def _replayed_middle(
@@ -490,6 +520,7 @@ class T2MLRForCausalLM(LMHeadOverBackbone, T2MLRPreTrainedModel, T2MLRGeneration
         """The fusion Φ (its gates `fusion.gamma_cur`, `fusion.gamma_rec`), which lives in the backbone."""
         return self.model.fusion
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -515,7 +546,9 @@ class T2MLRForCausalLM(LMHeadOverBackbone, T2MLRPreTrainedModel, T2MLRGeneration
     ) -> T2MLRCausalLMOutput:
         """Causal-LM forward: the backbone (`T2MLRModel.forward`, where every recurrence argument is
         described), then the LM head at the kept positions. Labels are standard causal-LM labels (shifted
-        inside, -100 ignored); `loss_kwargs` (e.g. the Trainer's `num_items_in_batch`) go to the loss."""
+        inside, -100 ignored); `loss_kwargs` (e.g. the Trainer's `num_items_in_batch`) go to the loss.
+        `return_dict=False` (or the config's `return_dict`) returns the output's fields as a tuple, as every
+        transformers model does."""
         checks.checked_labels(labels, input_ids, inputs_embeds, self.config.vocab_size)
         checks.check_no_misspelt_arguments(loss_kwargs, FORWARD_ARGUMENTS)
         out = self.model(
@@ -536,6 +569,7 @@ class T2MLRForCausalLM(LMHeadOverBackbone, T2MLRPreTrainedModel, T2MLRGeneration
             bptt_window=bptt_window,
             output_hidden_states=output_hidden_states,
             output_attentions=output_attentions,
+            return_dict=True,
         )
         logits, loss = self.logits_and_loss(out.last_hidden_state, labels, logits_to_keep, **loss_kwargs)
         return T2MLRCausalLMOutput(
@@ -543,6 +577,7 @@ class T2MLRForCausalLM(LMHeadOverBackbone, T2MLRPreTrainedModel, T2MLRGeneration
             logits=logits,
             past_key_values=out.past_key_values,
             hidden_states=out.hidden_states,
+            attentions=out.attentions,
             recurrent_state=out.recurrent_state,
             jacobi_iterations=out.jacobi_iterations,
         )
@@ -580,6 +615,14 @@ def _settle_on_device(
 def _largest_move(r_next: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
     """max |r_next - r| in float64, as the eager loop compares it with the tolerance (a Python float)."""
     return (r_next - r).abs().max().to(torch.float64)
+
+
+def default_use_cache(config: T2MLRConfig) -> bool:
+    """The config's `use_cache` (the base config's when the T²MLR config does not set one; True if neither does)."""
+    value = getattr(config, "use_cache", None)
+    if value is None:
+        value = getattr(config.base_config, "use_cache", None)
+    return True if value is None else bool(value)
 
 
 def _last_state(r_out: torch.Tensor) -> torch.Tensor:

@@ -18,14 +18,14 @@ exact path's token loop. All of this is written once, here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 from transformers import AutoModel, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
-from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .checkpoint_keys import LEGACY_KEY_MAPPING
 from .layout import LayerInputs, TokenLayout, layer_inputs
@@ -87,7 +87,7 @@ def checkpoints_reentrantly(layer: nn.Module) -> bool:
     """Whether a block runs under reentrant activation checkpointing in this forward: transformers'
     `gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})` (torch's default
     when the keyword is left out), in training mode."""
-    if not (getattr(layer, "gradient_checkpointing", False) and layer.training):
+    if not checkpoints_now(layer):
         return False
     function = getattr(layer, "_gradient_checkpointing_func", None)
     keywords = getattr(function, "keywords", None)  # transformers stores a functools.partial of checkpoint
@@ -95,10 +95,81 @@ def checkpoints_reentrantly(layer: nn.Module) -> bool:
 
 
 def call_block(layer: nn.Module, hidden: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-    """One decoder-layer call; checkpointed (when enabled and training) only if it writes no KV cache."""
-    if kwargs.get("past_key_values") is not None and isinstance(layer, GradientCheckpointingLayer):
-        return nn.Module.__call__(layer, hidden, **kwargs)  # hooks run; the checkpointing wrapper does not
+    """One decoder-layer call; checkpointed (when enabled and training) only if it writes no KV cache and
+    keeps a graph (the Jacobi path's detached iterations have nothing to recompute).
+
+    transformers' checkpointing wrapper drops a cache it is given (up to 5.19 it wraps the layer's
+    `__call__`, from 5.23 its `forward`), so a call that writes one runs with the layer's checkpointing
+    paused: on every version the wrapper then passes the call through, hooks included."""
+    writes_cache = kwargs.get("past_key_values") is not None
+    if checkpoints_now(layer) and (writes_cache or not torch.is_grad_enabled()):
+        with checkpointing_paused(layer):
+            return layer(hidden, **kwargs)
     return layer(hidden, **kwargs)
+
+
+def checkpoints_now(layer: nn.Module) -> bool:
+    """Whether transformers' checkpointing wrapper of this block is active: enabled, and in training mode."""
+    return bool(getattr(layer, "gradient_checkpointing", False)) and layer.training
+
+
+@contextmanager
+def checkpointing_paused(layer: nn.Module) -> Iterator[None]:
+    """The block's activation checkpointing switched off for one call (restored afterwards)."""
+    layer.gradient_checkpointing = False
+    try:
+        yield
+    finally:
+        layer.gradient_checkpointing = True
+
+
+class AttentionRecorder:
+    """The attention weights of every block during one forward, as `output_attentions=True` returns them.
+
+    transformers' eager attention returns its weights as the second output of each block's `self_attn`; a
+    forward hook keeps them for every call. A block that ran once over the chunk (or several times, the last
+    over the chunk: the Jacobi path's final pass) gives that call's (batch, heads, chunk, keys); a block that
+    ran token by token (the exact path) gives one row per token over the keys cached at its step, placed at
+    their positions in a (batch, heads, chunk, past + chunk) matrix (zeros where a token does not attend).
+    Use as a context manager: the hooks go when it closes."""
+
+    def __init__(self, layers: nn.ModuleList) -> None:
+        self.calls: list[list[torch.Tensor]] = [[] for _ in layers]
+        self._hooks = [layer.self_attn.register_forward_hook(self._keeper(i)) for i, layer in enumerate(layers)]
+
+    def _keeper(self, index: int) -> Any:
+        def keep(module: nn.Module, args: Any, output: Any) -> None:
+            self.calls[index].append(output[1])
+
+        return keep
+
+    def __enter__(self) -> "AttentionRecorder":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for hook in self._hooks:
+            hook.remove()
+
+    def weights(self, chunk: int, past: int | torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """One attention matrix per block for a chunk of `chunk` tokens after `past` cached ones."""
+        return tuple(_attention_matrix(calls, chunk, int(past)) for calls in self.calls)
+
+
+def _attention_matrix(calls: list[torch.Tensor], chunk: int, past: int) -> torch.Tensor:
+    """A block's weights over the chunk: its last call's if that covered the chunk, else its last `chunk`
+    one-query calls as rows. A row's keys end at its own token (a sliding window keeps only the latest),
+    except in a static cache, whose rows span every slot from the first."""
+    last = calls[-1]
+    if last.shape[2] == chunk:
+        return last
+    rows = calls[-chunk:]
+    width = max(past + chunk, max(row.shape[-1] for row in rows))
+    matrix = last.new_zeros(*last.shape[:2], chunk, width)
+    for t, row in enumerate(rows):
+        keys = row.shape[-1]
+        end = past + t + 1 if keys <= past + t + 1 else keys
+        matrix[:, :, t, end - keys : end] = row[:, :, 0]
+    return matrix
 
 
 def logits_positions(logits_to_keep: int | torch.Tensor) -> slice | torch.Tensor:
@@ -108,13 +179,39 @@ def logits_positions(logits_to_keep: int | torch.Tensor) -> slice | torch.Tensor
 
 class RunsBaseDecoder:
     """What transformers asks of a model about its blocks: the attention backends and device-map splits of
-    the base decoders it runs, and gradient checkpointing (of the blocks, see `call_block`)."""
+    the base decoders it runs, gradient checkpointing (of the blocks, see `call_block`), and the switch of
+    the attention implementation, which must reach the base decoder's config that the blocks read."""
 
     supports_gradient_checkpointing = True
     _supports_sdpa = True
     _supports_flash_attn = True
     _supports_attention_backend = True
     _no_split_modules = ["LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer"]  # noqa: RUF012
+    _skip_keys_device_placement = ["past_key_values"]  # noqa: RUF012  (as the base decoders: accelerate leaves caches be)
+
+    def set_attn_implementation(self, attn_implementation: str | dict, *args: Any, **kwargs: Any) -> None:
+        """`PreTrainedModel.set_attn_implementation`, carried to the base decoder's config: the blocks'
+        attention modules and the mask builders read that one, not the wrapper's (a dict may name it
+        "base_config"; other keys are transformers')."""
+        super().set_attn_implementation(attn_implementation, *args, **kwargs)
+        chosen = self.config._attn_implementation
+        if isinstance(attn_implementation, dict):
+            chosen = attn_implementation.get("base_config", chosen)
+        for config in decoder_configs(self):
+            if config._attn_implementation != chosen:
+                config._attn_implementation = chosen
+
+
+def decoder_configs(model: nn.Module) -> list[PretrainedConfig]:
+    """The base decoder's config objects a wrapper's modules read (`config.base_config`, and whatever the
+    blocks' own modules hold: one object when the parts were built or adopted with it)."""
+    own = type(model.config)
+    found = {id(model.config.base_config): model.config.base_config}
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if isinstance(config, PretrainedConfig) and not isinstance(config, own):
+            found.setdefault(id(config), config)
+    return list(found.values())
 
 
 class DecoderBackbone(RunsBaseDecoder):
