@@ -15,6 +15,7 @@ from t2mlr.baselines import (
     T2MLRGRUConfig,
     T2MLRGRUForCausalLM,
     T2MLRLSTMConfig,
+    T2MLRLSTMForCausalLM,
     T2MLRRNNConfig,
     T2MLRRNNForCausalLM,
     matched_models,
@@ -80,9 +81,10 @@ def test_forward_is_torchs_cell_between_the_embedding_and_the_head(cell: str) ->
     torch.testing.assert_close(left[:, 3:], model(input_ids=row).logits)
 
 
-@pytest.mark.parametrize("config_class, model_class", [(T2MLRGRUConfig, T2MLRGRUForCausalLM),
+@pytest.mark.parametrize("config_class, model_class", [(T2MLRLSTMConfig, T2MLRLSTMForCausalLM),
+                                                       (T2MLRGRUConfig, T2MLRGRUForCausalLM),
                                                        (T2MLRRNNConfig, T2MLRRNNForCausalLM)])
-def test_gru_and_rnn_train_and_round_trip(tmp_path, config_class, model_class) -> None:
+def test_each_cell_trains_and_round_trips(tmp_path, config_class, model_class) -> None:
     torch.manual_seed(0)
     model = model_class(config_class(vocab_size=23, hidden_size=12, num_layers=2))
     ids = torch.randint(3, 23, (4, 9))
@@ -98,6 +100,7 @@ def test_gru_and_rnn_train_and_round_trip(tmp_path, config_class, model_class) -
     model.save_pretrained(tmp_path / "saved")
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "saved").eval()
     assert type(loaded) is model_class and loaded.config.model_type == config_class.model_type
+    assert loaded.config.num_layers == 2 and hasattr(loaded.model, config_class.cell)  # the cell's own key
     torch.testing.assert_close(loaded(input_ids=ids).logits, model.eval()(input_ids=ids).logits)
     with pytest.raises(ValueError, match=f"the {loaded.config.cell_label} baseline cannot reset"):
         loaded(input_ids=ids[:1, :4], position_ids=torch.tensor([[0, 1, 0, 1]]))
