@@ -126,7 +126,8 @@ def test_sampled_replies_are_saved_and_scored_by_pass_at_k(tmp_path: Path) -> No
     assert len(rows) == 2 * problems * 3
     for result in payload["results"]:
         mine = [row for row in rows if row["arm"] == result["arm"]]
-        assert sorted((row["index"], row["draw"]) for row in mine) == [(i, d) for i in range(problems) for d in range(3)]
+        drawn = sorted((row["index"], row["draw"]) for row in mine)
+        assert drawn == [(i, d) for i in range(problems) for d in range(3)]
         assert {"prompt", "gold", "generated", "extracted", "correct"} <= set(mine[0])
         counts = [sum(row["correct"] for row in mine if row["index"] == i) for i in range(problems)]
         for k in (1, 2, 3):  # by brute force over the 3 samples of each problem

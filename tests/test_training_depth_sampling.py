@@ -122,3 +122,10 @@ def test_the_dry_run_sizes_the_largest_depth() -> None:
     assert sizes["uniform"].flops_per_step == sizes["at_eight"].flops_per_step
     assert "d_forward=3" in sizes["sampled"].training_path
     assert any("sized at the largest, 3" in note for note in sizes["sampled"].notes)
+
+
+def test_the_grpo_trainer_refuses_a_setting_it_would_not_use() -> None:
+    from t2mlr.rl.grpo import load_grpo_config
+
+    with pytest.raises(ConfigError, match="GRPO update replays exact states"):
+        load_grpo_config("grpo_tiny", ["model.d_forward_sampling={kind: uniform}"])

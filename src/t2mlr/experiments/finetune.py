@@ -444,9 +444,9 @@ def prediction_rows(task: str, arm: str, records: Sequence[dict[str, Any]],
     for i, (record, texts) in enumerate(zip(records, replies)):
         for draw, text in enumerate(texts):
             scored = score_output(task, record, text)
-            rows.append({"arm": arm, "index": i, **({"draw": draw} if len(texts) > 1 else {}), "prompt": record["prompt"],
-                         "gold": record["answer"], "generated": text, "extracted": scored.extracted,
-                         "correct": scored.correct, **scored.extra,
+            numbered = {"draw": draw} if len(texts) > 1 else {}
+            rows.append({"arm": arm, "index": i, **numbered, "prompt": record["prompt"], "gold": record["answer"],
+                         "generated": text, "extracted": scored.extracted, "correct": scored.correct, **scored.extra,
                          **({"sample": {k: record[k] for k in fields}} if fields else {})})
     return rows
 
@@ -553,8 +553,9 @@ def _settings_line(plan: FinetunePlan, workers: int) -> str:
     path = (f"jacobi path ({model['d_forward']}, {model['d_backward']})" if model["train_recurrence"] == "jacobi"
             else "exact path")
     return (f"{optimizer_settings(t, t['train']['global_batch_size'])}, {plan.steps:,} steps, seed {plan.seed}; "
-            f"T²MLR trained on the {path}; prompt recurrence mask {mask}; evaluation: {plan.task.sampling().describe()}, "
-            f"{plan.task.max_new_tokens} new tokens at most, batches of {t['eval']['batch_size']} left-padded prompts, T²MLR prefill {prefill}; "
+            f"T²MLR trained on the {path}; prompt recurrence mask {mask}; evaluation: "
+            f"{plan.task.sampling().describe()}, {plan.task.max_new_tokens} new tokens at most, batches of "
+            f"{t['eval']['batch_size']} left-padded prompts, T²MLR prefill {prefill}; "
             + (f"arms trained {workers} at a time." if workers > 1 else "arms trained in turn."))
 
 
@@ -571,11 +572,11 @@ def _arithmetic_line(results: Sequence[ArmResult]) -> str:
 
 def _pass_at_k_line(task: FinetuneTask) -> str:
     if not task.sampling().sampled:
-        return ("- pass@1: one greedy sample per problem scored by the task's extractor; the interval is the 95% Wilson "
-                "score interval over the problems.")
+        return ("- pass@1: one greedy sample per problem scored by the task's extractor; the interval is the 95% "
+                "Wilson score interval over the problems.")
     return (f"- pass@k: {task.samples} sampled replies per problem scored by the task's extractor; pass@k "
-            f"({', '.join(map(str, task.pass_k))}) is the unbiased estimator 1 − C(n − c, k) / C(n, k) averaged over "
-            "problems; the pass@1 column is the mean over every reply, its 95% Wilson interval over the replies "
+            f"({', '.join(map(str, task.pass_k))}) is the unbiased estimator 1 − C(n − c, k) / C(n, k) averaged "
+            "over problems; the pass@1 column is the mean over every reply, its 95% Wilson interval over the replies "
             "(those of one problem are correlated, so it is narrower than an interval over problems).")
 
 

@@ -119,7 +119,8 @@ def _spec_argument(kind: str) -> Callable[[str], "ModelSpec"]:
 def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add `params` to a main CLI's subparsers; the handler returns an exit code."""
     parser = subparsers.add_parser(
-        "params", help="parameter counts of T²MLR and its matched Transformer, LSTM, GRU, RNN, looped and pause-token models",
+        "params",
+        help="parameter counts of T²MLR and its matched Transformer, LSTM, GRU, RNN, looped and pause-token models",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--preset", choices=("all", *PARAM_PRESETS), default=None,

@@ -15,7 +15,8 @@ This score: batched greedy replies (`t2mlr.generation.text`, T²MLR on its exact
 model before finetuning and of both finetuned arms, scored by lm-evaluation-harness's GSM8K metrics
 (strict-match, the headline, and flexible-extract) or, for MATH-500, by the boxed answer after MATH's
 normalisation and by math-verify's equivalence (`t2mlr.tasks.scoring`). OUT/results.md, OUT/results.json,
-OUT/predictions/<model>.jsonl, OUT/retrofit.png and one training run per arm (OUT/runs/<arm>, final/ loads with `t2mlr generate`).
+OUT/predictions/<model>.jsonl, OUT/retrofit.png and one training run per arm (OUT/runs/<arm>, final/ loads with
+`t2mlr generate`).
 `write_summary` re-scores several runs' saved replies with every metric (retrofit-summary).
 """
 

@@ -128,9 +128,10 @@ class ModelConfig:
     shortcut `smollm2-135m-instruct`, retrofitted: its weights are loaded into the wrapped model and its
     tokenizer is saved with the run's checkpoints); `gguf_file` names the GGUF file inside a `pretrained`
     directory or hub repo; `d_forward_sampling` (`DepthSamplingConfig`) draws a T²MLR's Jacobi depth per
-    training step. Every other key of the YAML `model:` section is a setting of the architecture, declared by its config class (for `t2mlr`: the `T2MLRConfig` fields l_start,
-    l_end, d_forward, d_backward, jacobi_tol, train_recurrence, eval_recurrence, cache_residual,
-    gate_init_scale, recurrence_mask_policy); `settings` holds all of them, defaults filled in.
+    training step. Every other key of the YAML `model:` section is a setting of the architecture, declared
+    by its config class (for `t2mlr`: the `T2MLRConfig` fields l_start, l_end, d_forward, d_backward,
+    jacobi_tol, train_recurrence, eval_recurrence, cache_residual, gate_init_scale,
+    recurrence_mask_policy); `settings` holds all of them, defaults filled in.
     """
 
     arch: str = "t2mlr"
