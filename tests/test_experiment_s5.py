@@ -257,7 +257,7 @@ def test_any_arm_of_the_comparison_joins_the_experiment(tmp_path) -> None:
 
 @pytest.mark.parametrize("models, message", [
     (("t2mlr", "looped:9-22"), "unknown model 'looped:9-22'"),
-    (("gru",), "unknown model 'gru'"),
+    (("gruu",), "unknown model .gruu.*use t2mlr, transformer, lstm, gru, rnn"),
     ((), "at least one model"),
     (("lstm", "lstm"), "named twice"),
     (("t2mlr", "t2mlr:2-3"), "blocks 2-3 are outside the preset's 1-2"),

@@ -64,7 +64,8 @@ def test_scores_per_evaluation_data() -> None:
     assert gsm == {"strict_match": {"extracted": None, "correct": False},
                    "flexible_extract": {"extracted": "44", "correct": True}}
     math = score_reply("math500", "so $\\boxed{\\dfrac12}$", "\\frac{1}{2}")
-    assert math == {"math_equiv": {"extracted": "\\dfrac12", "correct": True}}
+    assert math == {"math_equiv": {"extracted": "\\dfrac12", "correct": True},
+                    "math_verify": {"extracted": "\\dfrac12", "correct": True}}
     assert score_reply("math500", "#### 0.5", "\\frac{1}{2}")["math_equiv"]["correct"] is False  # boxed only
 
 

@@ -1,5 +1,6 @@
 """The FLOP model of the comparisons: a decode step and a training step of T²MLR, the plain Transformer,
-the looped and the pause-token models, computed from their configs alone.
+the looped and the pause-token models and the recurrent (LSTM, GRU, RNN) baselines, computed from their configs
+alone.
 
 Counted (2 FLOPs per multiply-add): the decoder blocks' projections and MLP, the attention scores and
 weighted sums (2 · 2 · heads · head_dim per query–key pair, causal, so a token at context c attends over
@@ -11,6 +12,9 @@ embedding lookups and the optimizer step (all linear in the width and small next
   model runs its schedule of L + (K − 1)·D block applications per token, each with its own KV cache; a
   pause model ×P runs P tokens per step through every block, over a P× longer context (P² × the
   attention at equal real context); the LM head runs once per real token in every model.
+* Recurrent baselines: every layer's gate blocks (4 LSTM, 3 GRU, 1 RNN) multiply the token's input and the
+  previous hidden state by hidden × hidden matrices (2 · 2d² FLOPs per block), then the LM head; a decode step
+  is one token, whatever the context.
 * Training: forward + backward over a row of N tokens, the backward costing twice the forward of whatever
   carries gradients. T²MLR on the Jacobi path runs its middle block d_forward + 1 times forward but
   back-propagates through the last d_backward iterates and the final pass only (docs/semantics.md §5.2).
@@ -31,11 +35,12 @@ from transformers import PretrainedConfig
 from t2mlr.baselines.looped import LoopedConfig
 from t2mlr.baselines.matching import head_dim_of
 from t2mlr.baselines.pause import PauseConfig
+from t2mlr.baselines.recurrent import RecurrentLMConfig
 from t2mlr.model import T2MLRConfig
 
 __all__ = [
-    "DecoderShape", "causal_pairs", "decode_flops", "decode_step_flops", "full_pairs", "replay_middle_flops",
-    "train_step_flops",
+    "DecoderShape", "causal_pairs", "decode_flops", "decode_step_flops", "full_pairs", "recurrent_token_flops",
+    "replay_middle_flops", "train_step_flops",
 ]
 
 FUSION_FLOPS_PER_D2 = 10  # Φ per token: two (2d → d) linears and one (d → d): 5d² multiply-adds
@@ -94,9 +99,20 @@ def full_pairs(length: float) -> float:
 Pairs = Callable[[float], float]
 
 
+def recurrent_token_flops(config: RecurrentLMConfig) -> float:
+    """One token through every layer of a recurrent baseline, without the LM head (see the module docstring)."""
+    return config.num_layers * config.cell_gates * 4 * config.hidden_size**2
+
+
+def _recurrent_head(config: RecurrentLMConfig, tokens: float) -> float:
+    return 2 * tokens * config.hidden_size * config.vocab_size
+
+
 def decode_step_flops(config: PretrainedConfig, context: int, pairs: Pairs = causal_pairs) -> float:
     """FLOPs of the decode step that reads the `context`-th real token; `pairs(n)` counts the attention
     pairs among the n tokens a step adds (1, or P for a pause model)."""
+    if isinstance(config, RecurrentLMConfig):
+        return recurrent_token_flops(config) + _recurrent_head(config, 1)
     shape = DecoderShape.of(config)
     if isinstance(config, PauseConfig):
         period = config.period
@@ -126,6 +142,8 @@ def replay_middle_flops(shape: DecoderShape, seq_len: int, middle: int, depth: i
 
 def train_step_flops(config: PretrainedConfig, seq_len: int, pairs: Pairs = causal_pairs) -> float:
     """FLOPs of forward + backward over one row of `seq_len` tokens (T²MLR: on its training path)."""
+    if isinstance(config, RecurrentLMConfig):
+        return 3 * (seq_len * recurrent_token_flops(config) + _recurrent_head(config, seq_len))
     shape = DecoderShape.of(config)
     if isinstance(config, PauseConfig):
         extended = config.period * seq_len

@@ -13,7 +13,8 @@ cache norm, pause embeddings) is counted by the real module code, and no weights
   (`smallest_matching_width`). Looping shares weights, so a looped model lands where the Transformer
   does; the pause model also counts its `pauses × hidden` pause embeddings. At SmolLM2-135M with
   T²MLR(13,18) every one of them is at hidden 584, within 1% above T²MLR's count.
-* LSTM: embedding → `num_layers`-layer LSTM → head, all of one width.
+* LSTM, GRU, vanilla RNN: embedding → `num_layers`-layer cell → head, all of one width
+  (`matched_recurrent_config`: the smallest such width whose count reaches T²MLR's).
 * Comparisons: `ModelSpec` names one arm as the command line writes it (`t2mlr:13-18`,
   `looped:full:2`, `looped:9-22:3`, `pause:2`, `transformer`), and `matched_arms` builds every arm's
   config around one base shape, matched to T²MLR, for `t2mlr params` and the benchmarks. A T²MLR arm
@@ -37,7 +38,12 @@ from torch import nn
 from transformers import AutoModelForCausalLM, PretrainedConfig
 
 from t2mlr.baselines.looped import LoopedConfig, parse_loop_blocks
-from t2mlr.baselines.lstm import T2MLRLSTMConfig, T2MLRLSTMForCausalLM
+from t2mlr.baselines.recurrent import (
+    RECURRENT_CELLS,
+    RecurrentLMConfig,
+    RecurrentLMForCausalLM,
+    recurrent_config_class,
+)
 from t2mlr.baselines.pause import PauseConfig
 from t2mlr.baselines.transformer import (
     MatchedLlamaConfig,
@@ -59,9 +65,10 @@ __all__ = [
     "matched_baseline_config",
     "matched_hidden_size",
     "matched_looped_config",
-    "matched_lstm_config",
     "matched_models",
     "matched_pause_config",
+    "matched_recurrent_baseline",
+    "matched_recurrent_config",
     "matched_transformer_config",
     "parameter_count_of_config",
     "parse_looped_spec",
@@ -71,6 +78,7 @@ __all__ = [
     "parse_placement",
     "parse_t2mlr_spec",
     "parse_transformer_spec",
+    "recurrent_parameter_count",
     "smallest_at_least",
     "smallest_matching_width",
     "t2mlr_parameter_count",
@@ -160,8 +168,12 @@ def transformer_parameter_count(config: MatchedLlamaConfig) -> int:
     return _meta_count(lambda: MatchedLlamaForCausalLM(config))
 
 
-def lstm_parameter_count(config: T2MLRLSTMConfig) -> int:
-    return _meta_count(lambda: T2MLRLSTMForCausalLM(config))
+def recurrent_parameter_count(config: RecurrentLMConfig) -> int:
+    """Parameters of an LSTM, GRU or RNN baseline (`t2mlr.baselines.recurrent`)."""
+    return _meta_count(lambda: RecurrentLMForCausalLM(config))
+
+
+lstm_parameter_count = recurrent_parameter_count  # the name from before the GRU and RNN baselines
 
 
 def smallest_matching_width(
@@ -205,50 +217,70 @@ def matched_pause_config(t2mlr_config: T2MLRConfig, pauses: int) -> PauseConfig:
     return smallest_matching_width(t2mlr_config, lambda base: PauseConfig.from_base(base, pauses=pauses))
 
 
-def matched_lstm_config(vocab_size: int, target: int, num_layers: int = 4, **config_kwargs: object) -> T2MLRLSTMConfig:
-    """The LSTM baseline with the smallest hidden size whose parameter count is at least `target`."""
+def matched_recurrent_config(cell: str, vocab_size: int, target: int, num_layers: int = 4,
+                             **config_kwargs: object) -> RecurrentLMConfig:
+    """The recurrent baseline of `cell` ("lstm", "gru", "rnn") with the smallest hidden size whose parameter
+    count is at least `target`."""
+    config_class = recurrent_config_class(cell)
 
-    def build(hidden: int) -> T2MLRLSTMConfig:
-        return T2MLRLSTMConfig(vocab_size=vocab_size, hidden_size=hidden, num_layers=num_layers, **config_kwargs)
+    def build(hidden: int) -> RecurrentLMConfig:
+        return config_class(vocab_size=vocab_size, hidden_size=hidden, num_layers=num_layers, **config_kwargs)
 
-    hidden = smallest_at_least(lambda h: lstm_parameter_count(build(h)), target)
+    hidden = smallest_at_least(lambda h: recurrent_parameter_count(build(h)), target)
     return build(hidden)
+
+
+def matched_recurrent_baseline(t2mlr_config: T2MLRConfig, cell: str, num_layers: int = 4) -> RecurrentLMConfig:
+    """The `cell` baseline ("lstm", "gru", "rnn") of `num_layers` layers on T²MLR's vocabulary and special token
+    ids, at the smallest width whose parameter count reaches T²MLR's."""
+    base: PretrainedConfig = t2mlr_config.base_config
+    special = {name: getattr(base, name, None) for name in ("pad_token_id", "bos_token_id", "eos_token_id")}
+    return matched_recurrent_config(cell, int(base.vocab_size), t2mlr_parameter_count(t2mlr_config), num_layers,
+                                    **special)
 
 
 @dataclass(frozen=True)
 class MatchedSet:
-    """A T²MLR config and its two matched baselines, with every parameter count."""
+    """A T²MLR config, its matched Transformer and its matched recurrent baselines (by cell: "lstm", "gru",
+    "rnn"), with every parameter count."""
 
     t2mlr: T2MLRConfig
     transformer: MatchedLlamaConfig
-    lstm: T2MLRLSTMConfig
+    recurrent: dict[str, RecurrentLMConfig]
     t2mlr_params: int
     transformer_params: int
-    lstm_params: int
+    recurrent_params: dict[str, int]
+
+    @property
+    def lstm(self) -> RecurrentLMConfig:
+        return self.recurrent["lstm"]
+
+    @property
+    def lstm_params(self) -> int:
+        return self.recurrent_params["lstm"]
 
     def rows(self) -> list[tuple[str, int, int]]:
         """(model, hidden size, parameters) for printing side by side."""
         return [
             ("T²MLR", self.t2mlr.hidden_size, self.t2mlr_params),
             ("Transformer (matched)", self.transformer.hidden_size, self.transformer_params),
-            ("LSTM (matched)", self.lstm.hidden_size, self.lstm_params),
+            *((f"{config.cell_label} (matched)", config.hidden_size, self.recurrent_params[cell])
+              for cell, config in self.recurrent.items()),
         ]
 
 
 def matched_models(t2mlr_config: T2MLRConfig, lstm_layers: int = 4) -> MatchedSet:
-    """Both baselines for `t2mlr_config`, matched to its parameter count."""
-    target = t2mlr_parameter_count(t2mlr_config)
+    """Every plain baseline for `t2mlr_config`, matched to its parameter count: the Transformer and the LSTM,
+    GRU and RNN (each of `lstm_layers` layers)."""
     transformer = matched_transformer_config(t2mlr_config)
-    base: PretrainedConfig = t2mlr_config.base_config
-    special = {name: getattr(base, name, None) for name in ("pad_token_id", "bos_token_id", "eos_token_id")}
-    lstm = matched_lstm_config(int(base.vocab_size), target, num_layers=lstm_layers, **special)
+    recurrent = {cell: matched_recurrent_baseline(t2mlr_config, cell, lstm_layers) for cell in RECURRENT_CELLS}
     return MatchedSet(
         t2mlr=t2mlr_config,
         transformer=transformer,
-        lstm=lstm,
-        t2mlr_params=target,
+        recurrent=recurrent,
+        t2mlr_params=t2mlr_parameter_count(t2mlr_config),
         transformer_params=transformer_parameter_count(transformer),
-        lstm_params=lstm_parameter_count(lstm),
+        recurrent_params={cell: recurrent_parameter_count(config) for cell, config in recurrent.items()},
     )
 
 

@@ -59,6 +59,8 @@ def zero_shot_parser() -> argparse.ArgumentParser:
                         help="the path T²MLR checkpoints are scored on (default: exact)")
     parser.add_argument("--d-forward", type=int, default=None, help="Jacobi iterations (--recurrence jacobi)")
     parser.add_argument("--device", default="auto", help="auto (CUDA if available, else CPU), cpu, cuda, cuda:1, ...")
+    parser.add_argument("--exit-layer", type=int, default=None, metavar="E",
+                        help="early exit: skip the blocks after block E (1-based); T²MLR needs E >= l_end")
     return parser
 
 
@@ -72,7 +74,7 @@ def run_zero_shot_command(argv: list[str]) -> int:
     try:
         rows = run_zero_shot(args.checkpoints, args.out, data_dir=args.data_dir, limit=args.limit,
                              batch_size=args.batch_size, recurrence=args.recurrence, d_forward=args.d_forward,
-                             device=args.device)
+                             device=args.device, exit_layer=args.exit_layer)
     except (ValueError, OSError) as err:  # ModelDirectoryError, MissingTaskDataError are ValueErrors
         print(f"t2mlr eval {ZERO_SHOT}: {err}", file=sys.stderr)
         return 2

@@ -51,6 +51,8 @@ MODEL_ARGS: dict[str, str] = {
     "position t is exact once N >= t, so N >= sequence length + 1 gives the exact scores",
     "device": "as HFLM's (cpu, cuda, cuda:1, ...; the same as --device, give one), but the default is CUDA if "
     "available, else the CPU",
+    "exit_layer": "E: early exit, blocks after block E (1-based) skipped and the final norm and head applied to its "
+    "output; plain models, and T²MLR with E >= l_end (an exit inside or before the recurrent block is refused)",
 }
 # The HFLM arguments most runs set (`--model t2mlr` takes every HFLM argument; lm-eval documents them all).
 HFLM_ARGS: dict[str, str] = {

@@ -10,13 +10,15 @@ max_length, add_bos_token, peft, trust_remote_code, ...), plus
 
 * recurrence: "exact" (default; the definition, token by token) or "jacobi" (the temporal-parallel
   approximation), used on every scoring call and every generation, never taken from the saved config;
-* d_forward: the Jacobi depth (recurrence=jacobi only; default: the saved config's d_forward).
+* d_forward: the Jacobi depth (recurrence=jacobi only; default: the saved config's d_forward);
+* exit_layer: an early exit (`t2mlr.evaluation.early_exit`): blocks after this one (1-based) are skipped and
+  the final norm and head read its output; plain models and T²MLR with exit_layer >= l_end only.
 
 Only the two calls that run the model are overridden: `_model_call` passes `recurrence=...` (and the
 depth) to the forward, `_model_generate` passes `prefill=...` (and `prefill_depth`) to `generate()`;
 decode steps are one token, where both paths coincide. Batching, padding, automatic batch sizes,
 tokenization and devices are HFLM's. The path is recorded in the results' config (`t2mlr_recurrence`,
-`t2mlr_d_forward`, `t2mlr_placement`). A plain causal LM (the baselines of `t2mlr.baselines`) is
+`t2mlr_d_forward`, `t2mlr_placement`, `t2mlr_exit_layer`). A plain causal LM (the baselines of `t2mlr.baselines`) is
 scored through the same entry as the plain model it is, so every arm of a comparison is evaluated alike.
 
 lm-eval 0.4 finds models only in its in-process registry (it reads no entry points), so this module
@@ -36,6 +38,7 @@ from lm_eval.models.huggingface import HFLM
 
 import t2mlr.baselines  # noqa: F401  (registers the baselines' model types, so saved baselines load here too)
 import t2mlr.model.modeling  # noqa: F401  (registers the "t2mlr" model type with the Auto classes)
+from t2mlr.evaluation.early_exit import skip_blocks_after
 from t2mlr.generation.text import underlying
 from t2mlr.model import is_t2mlr
 from t2mlr.model.configuration import check_depths
@@ -70,11 +73,12 @@ class T2MLRLM(HFLM):
 
     def __init__(
         self, pretrained: Any, recurrence: str = "exact", d_forward: int | None = None, device: str | None = "auto",
-        **kwargs: Any,
+        exit_layer: int | None = None, **kwargs: Any,
     ) -> None:
         """`device`: as HFLM's, except that the default is CUDA when available, else the CPU (HFLM's own
         default, "cuda", fails on a machine without CUDA). The backend is "causal" unless given: HFLM
-        infers it from transformers' own model types and would warn that it does not know "t2mlr"."""
+        infers it from transformers' own model types and would warn that it does not know "t2mlr".
+        `exit_layer`: the loaded model keeps only its blocks up to this one (the others skipped) for good."""
         check_eval_path(recurrence, d_forward)
         kwargs.setdefault("backend", "causal")
         super().__init__(pretrained=pretrained, device=device or "auto", **kwargs)
@@ -93,14 +97,18 @@ class T2MLRLM(HFLM):
             )
         self.recurrence = recurrence if self.recurrent else "none"
         self.d_forward = model.config.d_forward if recurrence == "jacobi" and d_forward is None else d_forward
+        self.exit_layer = exit_layer
+        if exit_layer is not None:
+            skip_blocks_after(model, exit_layer)
         log.info("T²MLR evaluation path: %s", self.path_description)
 
     # ----------------------------------------------------------------------------- the path
     @property
     def path_description(self) -> str:
+        exit_after = "" if self.exit_layer is None else f", early exit after block {self.exit_layer}"
         if not self.recurrent:
-            return f"plain causal LM ({type(underlying(self.model)).__name__}, no recurrence)"
-        return "exact" if self.recurrence == "exact" else f"jacobi(d_forward={self.d_forward})"
+            return f"plain causal LM ({type(underlying(self.model)).__name__}, no recurrence{exit_after})"
+        return ("exact" if self.recurrence == "exact" else f"jacobi(d_forward={self.d_forward})") + exit_after
 
     def forward_path_kwargs(self) -> dict[str, Any]:
         """Forward arguments that pin the path (no gradients here, so d_backward=1 is always valid)."""
@@ -150,4 +158,5 @@ class T2MLRLM(HFLM):
             "t2mlr_placement": [config.l_start, config.l_end] if self.recurrent else None,
             "t2mlr_recurrence": self.recurrence,
             "t2mlr_d_forward": self.d_forward,
+            "t2mlr_exit_layer": self.exit_layer,
         }

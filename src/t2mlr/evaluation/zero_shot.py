@@ -8,6 +8,8 @@ ARC-Challenge, ARC-Easy, HellaSwag, OpenBookQA, PIQA, SciQ (normalised accuracy,
 (accuracy), zero-shot, with lm-eval's own task definitions (prompts, choices, metrics); the last column is
 their unweighted mean. Every T²MLR checkpoint is scored on the path `--recurrence` names (exact by
 default, or jacobi with `--d-forward`), and the table records it; a plain model (a baseline) has none.
+`--exit-layer E` scores every checkpoint with the blocks after block E skipped (early exit, recorded in the
+path column; `t2mlr.evaluation.early_exit`).
 
 Local copies (`--data-dir DIR`, for machines without the hub): one file per task, holding the split
 lm-eval evaluates, rows in the schema of the hub dataset the task reads (a `datasets` export of that
@@ -181,6 +183,8 @@ def zero_shot_row(label: str, results: Mapping[str, Any], tasks: Sequence[ZeroSh
         path = f"jacobi (d_forward {config.get('t2mlr_d_forward')})"
     else:
         path = {None: "unknown", "none": "plain (no recurrence)", "exact": "exact"}.get(recurrence, str(recurrence))
+    if config.get("t2mlr_exit_layer") is not None:
+        path += f", exit after block {config['t2mlr_exit_layer']}"
     limit = config.get("limit")
     return {"checkpoint": label, "path": path, **scores, "Average": sum(scores.values()) / len(scores),
             "limit": limit, "samples": {task.name: results.get("n-samples", {}).get(task.name, {}).get("effective")
@@ -216,10 +220,11 @@ def _label(checkpoint: str, taken: set[str]) -> str:
 def run_zero_shot(
     checkpoints: Sequence[str], out: str | Path, *, data_dir: str | Path | None = None, limit: int | None = None,
     batch_size: int = 8, recurrence: str = "exact", d_forward: int | None = None, device: str = "auto",
-    tasks: Sequence[ZeroShotTask] = PAPER_TASKS,
+    tasks: Sequence[ZeroShotTask] = PAPER_TASKS, exit_layer: int | None = None,
 ) -> list[dict[str, Any]]:
     """Evaluate every checkpoint on the tasks and write OUT/zero_shot.md, OUT/zero_shot.json and lm-eval's
-    results per checkpoint (OUT/lm_eval/<label>.json); returns the table rows."""
+    results per checkpoint (OUT/lm_eval/<label>.json); returns the table rows. `exit_layer`: every checkpoint
+    scored with the blocks after that one skipped (`t2mlr.evaluation.early_exit`)."""
     from t2mlr.generation.loading import check_model_dir  # light: answers before lm-eval and torch load
 
     if not checkpoints:
@@ -227,6 +232,11 @@ def run_zero_shot(
     specs = task_specs(data_dir, tasks)  # a missing local file fails here, before any model loads
     for checkpoint in checkpoints:
         check_model_dir(checkpoint)
+    if exit_layer is not None:
+        from t2mlr.evaluation.early_exit import check_saved_exit_layer
+
+        for checkpoint in checkpoints:
+            check_saved_exit_layer(checkpoint, exit_layer)
 
     import lm_eval
 
@@ -239,7 +249,7 @@ def run_zero_shot(
     for checkpoint in checkpoints:
         label = _label(checkpoint, taken)
         taken.add(label)
-        model_args = {"pretrained": str(checkpoint)}
+        model_args = {"pretrained": str(checkpoint), **({} if exit_layer is None else {"exit_layer": exit_layer})}
         results = _evaluate_checkpoint(lm_eval, model_args, specs, limit, recurrence, d_forward, batch_size,
                                        str(resolve_device(device)), _manager_for(tasks))
         raw = out / "lm_eval" / f"{label.replace('/', '_')}.json"

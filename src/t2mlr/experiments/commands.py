@@ -243,7 +243,8 @@ def _add_s5(sub: Any) -> None:
                        description=S5_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     _common(p, "s5", "cpu", Path("runs/s5"))
     p.add_argument("--models", nargs="+", default=["t2mlr", "transformer", "lstm"], metavar="MODEL",
-                   help="models to train (default: t2mlr transformer lstm, the preset's three); any arm of "
+                   help="models to train (default: t2mlr transformer lstm, the preset's three; gru and rnn are the "
+                        "GRU and vanilla-RNN baselines, matched like the LSTM); any arm of "
                         "`t2mlr params` joins them at T²MLR's parameter count: t2mlr:S-E (another placement), "
                         "t2mlr:S-E:exact or t2mlr:S-E:jacobi:F:B (T²MLR on its own training path), "
                         "looped:full:K, looped:S-E:K, pause:P (the baselines train the Transformer's steps), "

@@ -13,8 +13,11 @@ SFT rows with the prompt masked from the loss (`t2mlr.tasks.sft`).
 
 This score: greedy generation of every held-out prompt in left-padded batches (`t2mlr.generation.text`;
 T²MLR's prompt on the exact path unless the task says Jacobi), scored by the task's extractor: pass@1 with
-its 95% Wilson interval. OUT/results.md, OUT/results.json, OUT/pass_at_1.png and OUT/predictions.jsonl (one
-line per arm and problem), from which `rescore_predictions` recomputes every pass@1. `write_summary`
+its 95% Wilson interval. With `task.samples` n > 1, n replies per problem are sampled (`task.temperature`,
+`task.top_p`, seeded by train.seed) and `task.pass_k` reports pass@k by the unbiased estimator
+(`t2mlr.evaluation.generation`). OUT/results.md, OUT/results.json, OUT/pass_at_1.png and OUT/predictions.jsonl
+(one line per arm, problem and sample: every generation with its prompt and score), from which
+`rescore_predictions` recomputes every pass@k. `write_summary`
 gathers several runs (tasks, seeds) into one table and one figure.
 """
 
@@ -31,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from t2mlr.baselines.matching import ModelSpec
+    from t2mlr.evaluation.generation import SamplingPlan
     from t2mlr.training.arms import Arm, TrainedArm
     from t2mlr.training.distributed import DistEnv
 
@@ -56,10 +60,23 @@ class FinetuneTask:
     prefill: Literal["exact", "jacobi"] = "exact"  # T²MLR's prompt in evaluation
     start: Literal["scratch", "from", "retrofit"] = "scratch"  # where the arms start unless the command line says
     notes: str = ""
+    samples: int = 1  # replies per problem: 1 is greedy, more are sampled (temperature, top_p)
+    pass_k: tuple[int, ...] = (1,)  # the pass@k reported; every k <= samples
+    temperature: float = 1.0
+    top_p: float = 1.0
 
     def __post_init__(self) -> None:
         if self.eval_size < 1 or self.max_new_tokens < 1 or self.max_length < 2 or not self.arms:
             raise ValueError("task: eval_size and max_new_tokens must be >= 1, max_length >= 2, arms not empty")
+        try:
+            self.sampling()
+        except ValueError as err:
+            raise ValueError(f"task: {err}") from err
+
+    def sampling(self) -> SamplingPlan:
+        from t2mlr.evaluation.generation import SamplingPlan
+
+        return SamplingPlan(self.samples, tuple(self.pass_k), self.temperature, self.top_p)
 
 
 def config_name(preset: str, task: str) -> str:
@@ -416,30 +433,48 @@ def dry_run_arms(plan: FinetunePlan, out: str | Path) -> tuple[list[Arm], list[s
 # ---------------------------------------------------------------------------------------------- this score
 
 
-def prediction_rows(task: str, arm: str, records: Sequence[dict[str, Any]], texts: Sequence[str]) -> list[dict[str, Any]]:
-    """The predictions file's lines for one arm (with the fields the task's scorer reads)."""
+def prediction_rows(task: str, arm: str, records: Sequence[dict[str, Any]],
+                    replies: Sequence[Sequence[str]]) -> list[dict[str, Any]]:
+    """The predictions file's lines for one arm: one per problem and reply (`replies[i]`: problem i's), with the
+    fields the task's scorer reads; `draw` numbers a problem's replies when it has several."""
     from t2mlr.tasks.reasoning import get_task, score_output
 
     fields = get_task(task).checker_fields
     rows = []
-    for i, (record, text) in enumerate(zip(records, texts)):
-        scored = score_output(task, record, text)
-        rows.append({"arm": arm, "index": i, "prompt": record["prompt"], "gold": record["answer"], "generated": text,
-                     "extracted": scored.extracted, "correct": scored.correct, **scored.extra,
-                     **({"sample": {k: record[k] for k in fields}} if fields else {})})
+    for i, (record, texts) in enumerate(zip(records, replies)):
+        for draw, text in enumerate(texts):
+            scored = score_output(task, record, text)
+            numbered = {"draw": draw} if len(texts) > 1 else {}
+            rows.append({"arm": arm, "index": i, **numbered, "prompt": record["prompt"], "gold": record["answer"],
+                         "generated": text, "extracted": scored.extracted, "correct": scored.correct, **scored.extra,
+                         **({"sample": {k: record[k] for k in fields}} if fields else {})})
     return rows
 
 
-def rescore_predictions(task: str, path: str | Path) -> dict[str, float]:
-    """pass@1 per arm recomputed from a predictions file's generated texts (not its `correct` column)."""
+def correct_counts(rows: Sequence[dict[str, Any]]) -> tuple[list[int], int]:
+    """Right replies per problem of one arm's rows, and the replies each problem has (equal for all)."""
+    by_problem: dict[Any, list[bool]] = {}
+    for row in rows:
+        by_problem.setdefault(row["index"], []).append(bool(row["correct"]))
+    sizes = {len(verdicts) for verdicts in by_problem.values()}
+    if len(sizes) != 1:
+        raise ValueError(f"the problems have different numbers of replies ({sorted(sizes)}): pass@k needs the same n")
+    return [sum(verdicts) for verdicts in by_problem.values()], sizes.pop()
+
+
+def rescore_predictions(task: str, path: str | Path, k: int = 1) -> dict[str, float]:
+    """pass@k per arm recomputed from a predictions file's generated texts (not its `correct` column)."""
     from t2mlr.tasks.jsonl import read_jsonl
     from t2mlr.tasks.reasoning import score_output
+    from t2mlr.tasks.scoring import mean_pass_at_k
 
-    verdicts: dict[str, list[bool]] = {}
-    for row in read_jsonl(path):
+    rescored: dict[str, list[dict[str, Any]]] = {}
+    for line, row in enumerate(read_jsonl(path)):
         record = {**row.get("sample", {}), "answer": row["gold"]}
-        verdicts.setdefault(row["arm"], []).append(score_output(task, record, row["generated"]).correct)
-    return {arm: sum(correct) / len(correct) for arm, correct in verdicts.items()}
+        verdict = score_output(task, record, row["generated"]).correct
+        problem = row.get("index", f"line {line}")  # a row without its problem's index stands alone
+        rescored.setdefault(row["arm"], []).append({"index": problem, "correct": verdict})
+    return {arm: mean_pass_at_k(*correct_counts(rows), k) for arm, rows in rescored.items()}
 
 
 def evaluate(plan: FinetunePlan, trained: TrainedArm, tokenizer: Any, records: Sequence[dict[str, Any]],
@@ -449,7 +484,7 @@ def evaluate(plan: FinetunePlan, trained: TrainedArm, tokenizer: Any, records: S
     from functools import partial
 
     from t2mlr.baselines.matching import count_parameters
-    from t2mlr.generation.text import GenerationSettings, generate_batched
+    from t2mlr.evaluation.generation import pass_at_k_table, replies_per_prompt
     from t2mlr.model import is_t2mlr
     from t2mlr.training.arms import load_trained
     from t2mlr.training.checkpoint import recorded_state
@@ -460,23 +495,26 @@ def evaluate(plan: FinetunePlan, trained: TrainedArm, tokenizer: Any, records: S
     model, device = load_trained(trained)
     arm, task = trained.arm, plan.task
     jacobi = task.prefill == "jacobi" and is_t2mlr(model)
-    settings = GenerationSettings(max_new_tokens=task.max_new_tokens, prefill="jacobi" if jacobi else "exact",
-                                  prefill_depth=plan.prefill_depth if jacobi else None)
+    sampling = task.sampling()
+    settings = sampling.generation_settings(max_new_tokens=task.max_new_tokens, prefill="jacobi" if jacobi else "exact",
+                                            prefill_depth=plan.prefill_depth if jacobi else None)
     started = time.perf_counter()
-    texts = generate_batched(model, tokenizer, [r["prompt"] for r in records], settings,
-                             arm.config.eval.batch_size, desc=f"eval {arm.name}",
-                             map_batches=partial(shard_and_gather, env=env))
+    replies = replies_per_prompt(model, tokenizer, [r["prompt"] for r in records], sampling, settings,
+                                 arm.config.eval.batch_size, plan.seed, desc=f"eval {arm.name}",
+                                 map_batches=partial(shard_and_gather, env=env))
     eval_seconds = time.perf_counter() - started
-    rows = prediction_rows(task.name, arm.name, records, texts)
+    rows = prediction_rows(task.name, arm.name, records, replies)
     correct = sum(r["correct"] for r in rows)
     extra_keys = [k for k in rows[0] if k in ("f1", "answer_correct")]
+    pass_k = pass_at_k_table(*correct_counts(rows), sampling.pass_k) if sampling.sampled else {}
     tokens = max((int(r.get("tokens_seen", 0)) for r in read_metrics(trained.run_dir)), default=0)
     trained_on, evaluated_on = recorded_state(trained.run_dir), cpu_arithmetic()
     result = ArmResult(
         arm=arm.name, label=arm.label, parameters=count_parameters(model), start=plan.start.of(arm.name),
         steps=arm.config.train.max_steps, tokens=tokens, train_seconds=trained.seconds, eval_seconds=eval_seconds,
         correct=correct, total=len(rows), pass_at_1=correct / len(rows), interval=wilson_interval(correct, len(rows)),
-        extra={k: sum(r[k] for r in rows) / len(rows) for k in extra_keys},
+        extra={**{k: sum(r[k] for r in rows) / len(rows) for k in extra_keys},
+               **{f"pass@{k}": value for k, value in pass_k.items()}},
         train_threads=trained_on.get("torch_threads"), eval_threads=evaluated_on["torch_threads"],
         train_cpu_kernels=trained_on.get("cpu_kernels"), eval_cpu_kernels=evaluated_on["cpu_kernels"])
     return result, rows, str(device)
@@ -515,8 +553,9 @@ def _settings_line(plan: FinetunePlan, workers: int) -> str:
     path = (f"jacobi path ({model['d_forward']}, {model['d_backward']})" if model["train_recurrence"] == "jacobi"
             else "exact path")
     return (f"{optimizer_settings(t, t['train']['global_batch_size'])}, {plan.steps:,} steps, seed {plan.seed}; "
-            f"T²MLR trained on the {path}; prompt recurrence mask {mask}; evaluation: greedy, {plan.task.max_new_tokens} "
-            f"new tokens at most, batches of {t['eval']['batch_size']} left-padded prompts, T²MLR prefill {prefill}; "
+            f"T²MLR trained on the {path}; prompt recurrence mask {mask}; evaluation: "
+            f"{plan.task.sampling().describe()}, {plan.task.max_new_tokens} new tokens at most, batches of "
+            f"{t['eval']['batch_size']} left-padded prompts, T²MLR prefill {prefill}; "
             + (f"arms trained {workers} at a time." if workers > 1 else "arms trained in turn."))
 
 
@@ -529,6 +568,16 @@ def _arithmetic_line(results: Sequence[ArmResult]) -> str:
 
     return "; ".join(f"{r.label} trained on {on(r.train_threads, r.train_cpu_kernels)}, evaluated on "
                      f"{on(r.eval_threads, r.eval_cpu_kernels)}" for r in results) + "."
+
+
+def _pass_at_k_line(task: FinetuneTask) -> str:
+    if not task.sampling().sampled:
+        return ("- pass@1: one greedy sample per problem scored by the task's extractor; the interval is the 95% "
+                "Wilson score interval over the problems.")
+    return (f"- pass@k: {task.samples} sampled replies per problem scored by the task's extractor; pass@k "
+            f"({', '.join(map(str, task.pass_k))}) is the unbiased estimator 1 − C(n − c, k) / C(n, k) averaged "
+            "over problems; the pass@1 column is the mean over every reply, its 95% Wilson interval over the replies "
+            "(those of one problem are correlated, so it is narrower than an interval over problems).")
 
 
 def write_results(out: Path, plan: FinetunePlan, results: Sequence[ArmResult], facts: dict[str, Any], wall: float,
@@ -553,8 +602,7 @@ def write_results(out: Path, plan: FinetunePlan, results: Sequence[ArmResult], f
         f"- Models: {matched}; SFT with the prompt masked from the loss.",
         f"- Training and evaluation: {_settings_line(plan, workers)}",
         f"- CPU arithmetic: {_arithmetic_line(results)}",
-        "- pass@1: one greedy sample per problem scored by the task's extractor; the interval is the 95% Wilson "
-        "score interval over the problems.",
+        _pass_at_k_line(task),
         *([f"- Preset notes: {task.notes}"] if task.notes else []),
         "",
         *results_table(results),

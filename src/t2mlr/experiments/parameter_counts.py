@@ -6,7 +6,8 @@
 
 Presets: SmolLM2-135M with T²MLR(13, 18) (the paper's main placement; built from its published shape,
 no download) and the S5-Retrieval models (`s5-tiny`, `s5-cpu`, `s5-paper`, from
-configs/experiments/s5_*.yaml); each shows T²MLR, the matched Transformer and the matched LSTM.
+configs/experiments/s5_*.yaml); each shows T²MLR, the matched Transformer and the matched LSTM, GRU and
+vanilla RNN (4 layers each).
 
 Arms on a named base shape (`--base`, from `t2mlr.model.shapes`): any number of T²MLR placements
 (`--t2mlr S,E`), looped models (`--looped full:K` loops every block K times, `--looped S-E:K` blocks
@@ -118,11 +119,12 @@ def _spec_argument(kind: str) -> Callable[[str], "ModelSpec"]:
 def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add `params` to a main CLI's subparsers; the handler returns an exit code."""
     parser = subparsers.add_parser(
-        "params", help="parameter counts of T²MLR and its matched Transformer, LSTM, looped and pause-token models",
+        "params",
+        help="parameter counts of T²MLR and its matched Transformer, LSTM, GRU, RNN, looped and pause-token models",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--preset", choices=("all", *PARAM_PRESETS), default=None,
-                        help="a preset's T²MLR, matched Transformer and LSTM (default without --base: all)")
+                        help="a preset's T²MLR, matched Transformer, LSTM, GRU and RNN (default without --base: all)")
     parser.add_argument("--base", choices=SHAPE_NAMES, default=None,
                         help="named base shape for the arms below (default with arms: smollm2-135m)")
     parser.add_argument("--t2mlr", action="append", default=[], type=_spec_argument("t2mlr"), metavar="S,E",

@@ -14,13 +14,15 @@ GSM-Aug-format problems, or local OpenMathReasoning, GSM8K and MATH-500 files), 
 This score: batched greedy replies (`t2mlr.generation.text`, T²MLR on its exact path) of the pretrained
 model before finetuning and of both finetuned arms, scored by lm-evaluation-harness's GSM8K metrics
 (strict-match, the headline, and flexible-extract) or, for MATH-500, by the boxed answer after MATH's
-normalisation (`t2mlr.tasks.scoring`). OUT/results.md, OUT/results.json, OUT/predictions/<model>.jsonl,
-OUT/retrofit.png and one training run per arm (OUT/runs/<arm>, final/ loads with `t2mlr generate`).
+normalisation and by math-verify's equivalence (`t2mlr.tasks.scoring`). OUT/results.md, OUT/results.json,
+OUT/predictions/<model>.jsonl, OUT/retrofit.png and one training run per arm (OUT/runs/<arm>, final/ loads with
+`t2mlr generate`).
 `write_summary` re-scores several runs' saved replies with every metric (retrofit-summary).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import time
@@ -43,10 +45,11 @@ MODELS = ("base", *ARMS)
 EVAL_METRICS: dict[str, tuple[str, ...]] = {
     "arithmetic": ("strict_match", "flexible_extract"),
     "gsm8k": ("strict_match", "flexible_extract"),
-    "math500": ("math_equiv",),
+    "math500": ("math_equiv", "math_verify"),
 }
 METRIC_LABELS = {"strict_match": "strict-match (####, The answer is)", "flexible_extract": "flexible-extract (last number)",
-                 "math_equiv": "boxed answer, MATH normalisation"}
+                 "math_equiv": "boxed answer, MATH normalisation",
+                 "math_verify": "boxed answer, math-verify equivalence"}
 ARM_LABELS = {"base": "pretrained, not finetuned", "transformer": "finetuned base (baseline)",
               "t2mlr": "finetuned T²MLR retrofit"}
 
@@ -82,6 +85,9 @@ class RetrofitTask:
         if self.eval_data == "math500" and not self.eval_path:
             raise ValueError("eval_data 'math500' needs --eval-path: a local jsonl/parquet file with MATH-500's "
                              "columns problem, answer (HuggingFaceH4/MATH-500, split test)")
+        if self.eval_data == "math500" and importlib.util.find_spec("math_verify") is None:
+            raise ValueError("eval_data 'math500' is scored by math-verify too: pip install math-verify (or the "
+                             "t2mlr[eval] extra)")
 
 
 def config_name(preset: str) -> str:
@@ -175,7 +181,8 @@ def score_reply(eval_data: str, reply: str, answer: str) -> dict[str, dict[str, 
 
     readers = {"strict_match": (scoring.gsm8k_strict_extract, scoring.gsm8k_match),
                "flexible_extract": (scoring.gsm8k_flexible_extract, scoring.gsm8k_match),
-               "math_equiv": (scoring.extract_math_answer, scoring.math_match)}
+               "math_equiv": (scoring.extract_math_answer, scoring.math_match),
+               "math_verify": (scoring.extract_math_answer, scoring.math_verify_match)}
     scores = {}
     for metric in EVAL_METRICS[eval_data]:
         extract, match = readers[metric]

@@ -39,8 +39,10 @@ if TYPE_CHECKING:
 
 __all__ = ["MODEL_NAMES", "S5Plan", "S5Task", "dry_run_arms", "evaluate_by_n", "finish", "plan", "run"]
 
-MODEL_NAMES = ("t2mlr", "transformer", "lstm")
-LABELS = {"t2mlr": "T²MLR", "transformer": "Transformer (matched)", "lstm": "LSTM (matched)"}
+MODEL_NAMES = ("t2mlr", "transformer", "lstm")  # the default arms (the paper's three)
+NAMED_MODELS = (*MODEL_NAMES, "gru", "rnn")  # the arms named by a word; the others are comparison specs
+LABELS = {"t2mlr": "T²MLR", "transformer": "Transformer (matched)", "lstm": "LSTM (matched)", "gru": "GRU (matched)",
+          "rnn": "RNN (matched)"}
 RESULTS_MD, RESULTS_JSON, FIGURE = "results.md", "results.json", "accuracy_vs_length.png"
 TRAIN_PEEK = 200  # training rows written out for inspection
 
@@ -57,7 +59,7 @@ class S5Task:
     train_size: int  # training rows (streamed, each drawn once per epoch); >= steps × batch means all fresh
     eval_size_per_n: int
     num_actions: int | None = None  # None: actions from all of S5 (the paper); m: a seeded generating set of size m
-    lstm_layers: int = 4
+    lstm_layers: int = 4  # layers of every recurrent baseline (LSTM, GRU, RNN)
     baseline_steps: int | None = None  # the baselines' training steps (None: T²MLR's train.max_steps)
     # torch CPU threads of every run and of the evaluation (part of the arithmetic, see the module docstring)
     torch_threads: int = 1
@@ -134,15 +136,15 @@ class S5Plan:
 
 
 def arm_spec(name: str) -> ModelSpec | None:
-    """The comparison arm a model name beyond the default three spells (None for t2mlr, transformer, lstm)."""
+    """The comparison arm a model name beyond the words of NAMED_MODELS spells (None for those)."""
     from t2mlr.baselines.matching import MODEL_SPEC_FORMS, parse_model_spec
 
-    if name in MODEL_NAMES:
+    if name in NAMED_MODELS:
         return None
     try:
         return parse_model_spec(name)
     except ValueError as err:
-        raise ValueError(f"unknown model {name!r} ({err}): use t2mlr, transformer, lstm or one of "
+        raise ValueError(f"unknown model {name!r} ({err}): use {', '.join(NAMED_MODELS)} or one of "
                          f"{MODEL_SPEC_FORMS}") from err
 
 
@@ -184,7 +186,7 @@ def check_models(models: Sequence[str], num_layers: int) -> None:
     from t2mlr.model.configuration import check_block_range
 
     if not models:
-        raise ValueError(f"name at least one model: t2mlr, transformer, lstm or one of {MODEL_SPEC_FORMS}")
+        raise ValueError(f"name at least one model: {', '.join(NAMED_MODELS)} or one of {MODEL_SPEC_FORMS}")
     if len(set(models)) != len(models):
         raise ValueError(f"a model is named twice in {tuple(models)}")
     for name in models:
@@ -501,6 +503,7 @@ def describe(plan: S5Plan) -> list[str]:
     """The settings lines of results.md: data, models, the compute-matched steps, metrics, the preset's notes."""
     from t2mlr.analysis.report import optimizer_settings
     from t2mlr.baselines.matching import COMPUTE_MATCHED
+    from t2mlr.baselines.recurrent import RECURRENT_CELLS
 
     task, cfg = plan.task, plan.arms[plan.models[0]].config if "t2mlr" not in plan.arms else plan.arms["t2mlr"].config
     t2mlr = plan.tree["model"]
@@ -512,7 +515,7 @@ def describe(plan: S5Plan) -> list[str]:
              f"{task.train_size:,} training sequences, revisited")
     path = (f"Jacobi (d_forward = {t2mlr['d_forward']}, d_backward = {t2mlr['d_backward']})"
             if t2mlr["train_recurrence"] == "jacobi" else "the exact path")
-    widths = {name: plan.arms[name].config.model.base["hidden_size"] for name in ("transformer", "lstm")
+    widths = {name: plan.arms[name].config.model.base["hidden_size"] for name in ("transformer", *RECURRENT_CELLS)
               if name in plan.arms}
     lines = [
         f"- Data: K = {task.k}, dictionary of {task.dict_size} of the 120 keys (resampled per sequence), "
@@ -524,7 +527,8 @@ def describe(plan: S5Plan) -> list[str]:
         f"T²MLR({t2mlr['l_start']},{t2mlr['l_end']}) trained on {path} (an arm spelt with its own path, e.g. "
         f"t2mlr:S-E:jacobi:F:B, on that path: see the table), evaluated on the exact path."
         + (f" Transformer: the same backbone widened to hidden {widths['transformer']}." if "transformer" in widths else "")
-        + (f" LSTM: {task.lstm_layers} layers, hidden {widths['lstm']}." if "lstm" in widths else "")
+        + "".join(f" {LABELS[name].split()[0]}: {task.lstm_layers} layers, hidden {widths[name]}."
+                  for name in RECURRENT_CELLS if name in widths)
         + f" {optimizer_settings(plan.tree, cfg.train.global_batch_size)}.",
     ]
     matched = next((name for name in plan.models if (spec := arm_spec(name)) and spec.budget == COMPUTE_MATCHED), None)

@@ -57,6 +57,9 @@ def validate_grpo(cfg: GrpoConfig) -> None:
         raise ConfigError("set exactly one of policy (a saved model directory) or model (a fresh model section)")
     if cfg.model is not None and cfg.model.arch != "t2mlr":
         raise ConfigError(f"model.arch must be 't2mlr' (the update replays recurrent states), got {cfg.model.arch!r}")
+    if cfg.model is not None and cfg.model.d_forward_sampling is not None:
+        raise ConfigError("model.d_forward_sampling draws the Jacobi depth of `t2mlr train` steps; the GRPO update "
+                          "replays exact states (grpo.replay_depth), so remove it")
     if cfg.task.name not in TASKS:
         raise ConfigError(f"task.name must be one of {list(TASKS)}, got {cfg.task.name!r}")
     g = cfg.grpo

@@ -37,11 +37,22 @@ evaluation (their ``is_equiv``/``strip_string``, also lm-eval's ``hendrycks_math
 spaces removed; ``tfrac``/``dfrac`` read as ``frac``; ``.5`` as ``0.5``; a short ``k = `` prefix dropped;
 ``\\sqrt3`` as ``\\sqrt{3}``, ``\\frac12`` as ``\\frac{1}{2}``, ``0.5`` and ``1/2`` as
 ``\\frac{1}{2}``; then the strings must be equal.
+
+MATH with a maintained equivalence checker (``math_verify_equiv``): the same boxed answer, compared with the
+reference by Hugging Face's ``math-verify`` (``pip install math-verify``): both are read as LaTeX into sympy and
+compared as mathematical objects (numbers, fractions, radicals, intervals, sets, matrices, equations), so
+``\\frac{2}{4}``, ``0.5`` and ``x(x+2)`` equal ``\\frac{1}{2}``, ``\\frac12`` and ``x^2+2x``, which the string
+rule above does not see.
+
+pass@k (``pass_at_k``): the unbiased estimator of the chance that at least one of k samples is right, from n
+samples of a problem of which c are right (Chen et al. 2021): 1 − C(n − c, k) / C(n, k), averaged over problems.
 """
 
 from __future__ import annotations
 
+import math
 import re
+import threading
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from decimal import Decimal, InvalidOperation
 from typing import Any, NamedTuple
@@ -60,8 +71,12 @@ __all__ = [
     "gsm_exact_match",
     "math_equiv",
     "math_match",
+    "math_verify_equiv",
+    "math_verify_match",
+    "mean_pass_at_k",
     "normalize_answer",
     "normalize_math_answer",
+    "pass_at_k",
     "qa_exact_match",
     "qa_token_f1",
     "score_s5_prediction",
@@ -318,6 +333,50 @@ def math_match(extracted: str | None, answer: str) -> bool:
 def math_equiv(reply: str, answer: str) -> bool:
     """The reply's boxed answer equals the reference answer after MATH's normalisation."""
     return math_match(extract_math_answer(reply), answer)
+
+
+MATH_VERIFY_TIMEOUT = 5  # seconds for parsing and for comparing one answer (math-verify's own default)
+
+
+def math_verify_match(extracted: str | None, answer: str) -> bool:
+    """An extracted answer equals the reference as math-verify compares them (both read as LaTeX, as if boxed);
+    None is wrong."""
+    if extracted is None:
+        return False
+    try:
+        from math_verify import parse, verify
+    except ImportError as err:
+        raise ImportError("math_verify_equiv needs the math-verify package: pip install math-verify (or the "
+                          "t2mlr[eval] extra)") from err
+    # math-verify's time limits use SIGALRM, which only the main thread may set
+    timeout = MATH_VERIFY_TIMEOUT if threading.current_thread() is threading.main_thread() else None
+    gold = parse(f"\\boxed{{{answer}}}", parsing_timeout=timeout)
+    predicted = parse(f"\\boxed{{{extracted}}}", parsing_timeout=timeout)
+    return bool(gold) and bool(predicted) and verify(gold, predicted, timeout_seconds=timeout)
+
+
+def math_verify_equiv(reply: str, answer: str) -> bool:
+    """The reply's last boxed answer (as `math_equiv` extracts it) equals the reference by math-verify."""
+    return math_verify_match(extract_math_answer(reply), answer)
+
+
+# ---------------------------------------------------------------------------------------------- pass@k
+
+
+def pass_at_k(samples: int, correct: int, k: int) -> float:
+    """Unbiased pass@k of one problem with `correct` of `samples` samples right: 1 − C(n − c, k) / C(n, k)."""
+    if not 0 <= correct <= samples:
+        raise ValueError(f"correct must be in 0..samples ({samples}), got {correct}")
+    if not 1 <= k <= samples:
+        raise ValueError(f"pass@{k} needs 1 <= k <= samples per problem ({samples})")
+    return 1.0 - math.comb(samples - correct, k) / math.comb(samples, k)
+
+
+def mean_pass_at_k(correct_counts: Sequence[int], samples: int, k: int) -> float:
+    """pass@k over problems, each with `samples` samples of which `correct_counts[i]` are right."""
+    if not correct_counts:
+        raise ValueError("pass@k needs at least one problem")
+    return sum(pass_at_k(samples, correct, k) for correct in correct_counts) / len(correct_counts)
 
 
 # ---------------------------------------------------------------------------------------------- HotpotQA

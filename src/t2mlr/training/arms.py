@@ -4,7 +4,7 @@ processes, every one an ordinary run directory that checkpoints and resumes like
 Every experiment and every analysis that trains goes through `train_arms`. An arm is a name, a label and a
 full trainer config; arms of one comparison are one config tree with dotted overrides (`arm_from_tree`:
 `model.l_start=1 model.l_end=4`), or, for the baselines, the same tree with the model section of the
-baseline matched to the tree's T²MLR parameter count (`matched_arm`: the Transformer, the LSTM, looped and
+baseline matched to the tree's T²MLR parameter count (`matched_arm`: the Transformer, the LSTM, GRU, RNN, looped and
 pause-token models, docs/semantics.md §8).
 
 Side by side: on a CPU, models this small do not get faster with a second torch thread (measured on 2
@@ -46,10 +46,11 @@ from t2mlr.baselines.matching import (
     ModelSpec,
     matched_arms,
     matched_baseline_config,
-    matched_lstm_config,
+    matched_recurrent_baseline,
     matched_transformer_config,
     t2mlr_parameter_count,
 )
+from t2mlr.baselines.recurrent import RECURRENT_CELLS
 from t2mlr.model import T2MLRConfig
 from t2mlr.model.configuration import build_base_config
 from t2mlr.training.architectures import checkpointing_refusal
@@ -70,6 +71,7 @@ __all__ = ["Arm", "TrainedArm", "arm_from_tree", "base_section", "claim_run_dirs
            "load_trained", "matched_arm", "model_section", "resolve_workers", "t2mlr_of", "train_arms",
            "validation_batches"]
 
+PLAIN_BASELINES = ("transformer", *RECURRENT_CELLS)  # the baselines `matched_arm` names by a word
 _NOT_BASE_KEYS = {"transformers_version", "architectures", "_name_or_path", "dtype"}
 
 
@@ -154,22 +156,26 @@ def t2mlr_of(cfg: TrainConfig) -> T2MLRConfig:
 
 def matched_arm(tree: dict[str, Any], name: str, spec: ModelSpec | str, label: str | None = None,
                 overrides: Sequence[str] = (), lstm_layers: int = 4, **arm: Any) -> Arm:
-    """The baseline `spec` ("transformer", "lstm", or a `ModelSpec`: looped, pause, another T²MLR placement)
-    for the T²MLR model of `tree`, matched to its parameter count, with everything else of `tree`.
+    """The baseline `spec` ("transformer", a recurrent cell "lstm", "gru" or "rnn" of `lstm_layers` layers, or a
+    `ModelSpec`: looped, pause, another T²MLR placement) for the T²MLR model of `tree`, matched to its parameter
+    count, with everything else of `tree`.
 
     A tree that retrofits a pretrained model has no matched twin with pretrained weights: its "transformer"
     arm is the pretrained base itself, trained the same way. `model.activation_checkpointing` carries over to
     the baselines that run blocks several times per step (the others have nothing it would save)."""
+    if isinstance(spec, str) and spec not in PLAIN_BASELINES:
+        raise ValueError(f"unknown baseline {spec!r}: use one of {', '.join(PLAIN_BASELINES)} or a ModelSpec")
     cfg = config_from_tree(tree)
     if spec == "transformer" and cfg.model.pretrained is not None:
         model = {"arch": "transformer", "pretrained": cfg.model.pretrained, "gguf_file": cfg.model.gguf_file}
         label = label or "Transformer (the pretrained base, fine-tuned the same way)"
     else:
         t2mlr = t2mlr_of(cfg)
-        if spec in ("transformer", "lstm"):
+        if isinstance(spec, str):
             matched = _matched_plain(t2mlr, spec, lstm_layers)
             model = {"arch": "transformer", "base": base_section(matched)}
-            label = label or f"{'Transformer' if spec == 'transformer' else 'LSTM'} (matched, hidden {matched.hidden_size})"
+            kind = "Transformer" if spec == "transformer" else matched.cell_label
+            label = label or f"{kind} (matched, hidden {matched.hidden_size})"
         else:
             settings = {k: cfg.model.settings[k] for k in ("d_forward", "d_backward", "train_recurrence",
                                                            "eval_recurrence")}
@@ -185,15 +191,12 @@ def matched_arm(tree: dict[str, Any], name: str, spec: ModelSpec | str, label: s
     return Arm(name, label, config_from_tree(derived), **arm)
 
 
-def _matched_plain(t2mlr: T2MLRConfig, kind: str, lstm_layers: int) -> PretrainedConfig:
-    base = t2mlr.base_config
-    target = t2mlr_parameter_count(t2mlr)
-    if kind == "lstm":
-        special = {name: getattr(base, name, None) for name in ("pad_token_id", "bos_token_id", "eos_token_id")}
-        return matched_lstm_config(int(base.vocab_size), target, num_layers=lstm_layers, **special)
-    if base.model_type == "llama":
+def _matched_plain(t2mlr: T2MLRConfig, kind: str, recurrent_layers: int) -> PretrainedConfig:
+    if kind in RECURRENT_CELLS:
+        return matched_recurrent_baseline(t2mlr, kind, recurrent_layers)
+    if t2mlr.base_config.model_type == "llama":
         return matched_transformer_config(t2mlr)
-    return matched_baseline_config(base, target)
+    return matched_baseline_config(t2mlr.base_config, t2mlr_parameter_count(t2mlr))
 
 
 # ---------------------------------------------------------------------------------------------- run directories

@@ -18,6 +18,7 @@ import dataclasses
 import functools
 import importlib
 import inspect
+import random
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -78,6 +79,47 @@ def declared_settings(arch: str) -> list[str]:
 
 
 @dataclass
+class DepthSamplingConfig:
+    """`model.d_forward_sampling`: the Jacobi depth of each training step drawn at random (the authors' release's
+    default curriculum; PonderLM-2 trains with a sampled iteration count the same way), each allowed depth equally
+    likely. `kind: uniform` draws from `min`..model.d_forward (`min` default 1), `kind: choice` from `values`. The
+    draw is a function of train.seed and the step number alone, so a resumed run draws what an uninterrupted one
+    would, and every rank and micro-batch of a step runs the same depth; d_backward is min(model.d_backward, depth).
+    Evaluation keeps the model's own path."""
+
+    kind: Literal["uniform", "choice"] = "uniform"
+    min: int | None = None
+    values: list[int] | None = None
+
+    def depths(self, d_forward: int) -> list[int]:
+        """The depths a step may draw, ascending; ValueError for a depth outside 1..d_forward or a setting of the
+        other kind."""
+        if self.kind == "uniform":
+            if self.values is not None:
+                raise ValueError("values belongs to kind choice; kind uniform draws from min..model.d_forward")
+            low = 1 if self.min is None else self.min
+            if not 1 <= low <= d_forward:
+                raise ValueError(f"min {low} is outside 1..{d_forward} (model.d_forward): the depth is drawn from "
+                                 "min..d_forward")
+            return list(range(low, d_forward + 1))
+        if self.min is not None:
+            raise ValueError("min belongs to kind uniform; kind choice draws from values")
+        if not self.values:
+            raise ValueError("kind choice needs values, the depths to draw from (e.g. [4, 8, 16])")
+        outside = [value for value in self.values if not 1 <= value <= d_forward]
+        if outside:
+            raise ValueError(f"values {outside} are outside 1..{d_forward} (model.d_forward)")
+        if len(set(self.values)) != len(self.values):
+            raise ValueError(f"values {self.values} name a depth twice")
+        return sorted(self.values)
+
+    def draw(self, d_forward: int, seed: int, step: int) -> int:
+        """The depth of training step `step` (1-based) of a run seeded `seed`."""
+        depths = self.depths(d_forward)
+        return depths[random.Random(f"t2mlr d_forward_sampling {seed} {step}").randrange(len(depths))]
+
+
+@dataclass
 class ModelConfig:
     """What to train: `arch` (see `t2mlr.training.architectures`) around a Hugging Face decoder.
 
@@ -85,10 +127,11 @@ class ModelConfig:
     are checked by that config class) or `pretrained` (hub id, local directory, .gguf file or the
     shortcut `smollm2-135m-instruct`, retrofitted: its weights are loaded into the wrapped model and its
     tokenizer is saved with the run's checkpoints); `gguf_file` names the GGUF file inside a `pretrained`
-    directory or hub repo. Every other key of the YAML `model:` section is a setting of
-    the architecture, declared by its config class (for `t2mlr`: the `T2MLRConfig` fields l_start,
-    l_end, d_forward, d_backward, jacobi_tol, train_recurrence, eval_recurrence, cache_residual,
-    gate_init_scale, recurrence_mask_policy); `settings` holds all of them, defaults filled in.
+    directory or hub repo; `d_forward_sampling` (`DepthSamplingConfig`) draws a T²MLR's Jacobi depth per
+    training step. Every other key of the YAML `model:` section is a setting of the architecture, declared
+    by its config class (for `t2mlr`: the `T2MLRConfig` fields l_start, l_end, d_forward, d_backward,
+    jacobi_tol, train_recurrence, eval_recurrence, cache_residual, gate_init_scale,
+    recurrence_mask_policy); `settings` holds all of them, defaults filled in.
     """
 
     arch: str = "t2mlr"
@@ -97,6 +140,7 @@ class ModelConfig:
     gguf_file: str | None = None
     init_from: str | None = None
     activation_checkpointing: bool = False
+    d_forward_sampling: DepthSamplingConfig | None = None
     settings: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -117,10 +161,20 @@ class ModelConfig:
         return cls(**kwargs, settings=settings)
 
     def to_tree(self) -> dict[str, Any]:
-        """The flat form written to YAML (the inverse of `from_tree`)."""
-        tree = {f.name: to_plain(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "settings"}
+        """The flat form written to YAML (the inverse of `from_tree`); `d_forward_sampling` only when set, so the
+        recorded configs of runs without it read as before."""
+        tree = {f.name: to_plain(getattr(self, f.name)) for f in dataclasses.fields(self)
+                if f.name != "settings" and not (f.name == "d_forward_sampling" and self.d_forward_sampling is None)}
         tree.update(to_plain(self.settings))
         return tree
+
+    def sized_settings(self) -> dict[str, Any]:
+        """The settings of the heaviest training step: with `d_forward_sampling`, d_forward at the largest depth a
+        step may draw (what `--dry-run` sizes)."""
+        if self.d_forward_sampling is None:
+            return self.settings
+        largest = self.d_forward_sampling.depths(self.settings["d_forward"])[-1]
+        return {**self.settings, "d_forward": largest, "d_backward": min(self.settings["d_backward"], largest)}
 
     def __getattr__(self, name: str) -> Any:
         """Settings read like fields (`cfg.model.l_start`); only called when no real attribute matches."""
@@ -721,12 +775,26 @@ def _validate_model(m: ModelConfig) -> None:
             get_architecture(m.arch).check(base_config, m.settings)
         except ValueError as err:
             raise ConfigError(f"model: {err}") from err
+    if m.d_forward_sampling is not None:
+        _validate_depth_sampling(m)
     refusal = checkpointing_refusal(m.arch, m.settings) if m.activation_checkpointing else None
     if refusal is not None:
         raise ConfigError(
             f"model.activation_checkpointing checkpoints the blocks a model runs several times per step (T²MLR's "
             f"middle block, a looped model's looped blocks); model.arch {m.arch!r} refuses it: {refusal}"
         )
+
+
+def _validate_depth_sampling(m: ModelConfig) -> None:
+    recurrence = m.setting("train_recurrence")
+    if m.arch != "t2mlr" or recurrence != "jacobi":
+        raise ConfigError(f"model.d_forward_sampling draws the Jacobi depth of each training step: it needs model.arch "
+                          f"t2mlr with model.train_recurrence jacobi (got arch {m.arch!r}, train_recurrence "
+                          f"{recurrence!r})")
+    try:
+        m.d_forward_sampling.depths(m.settings["d_forward"])
+    except ValueError as err:
+        raise ConfigError(f"model.d_forward_sampling: {err}") from err
 
 
 def _validate_data(d: DataConfig, where: str, factory_kwargs: bool = True) -> None:

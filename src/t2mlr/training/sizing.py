@@ -249,7 +249,7 @@ def build_on_meta(model_cfg: ModelConfig) -> nn.Module:
     arch = get_architecture(model_cfg.arch)
     config, _ = sizing_base_config(model_cfg)
     with torch.device("meta"):
-        return arch.build(config, None, model_cfg.settings)
+        return arch.build(config, None, model_cfg.sized_settings())
 
 
 def model_facts(model_cfg: ModelConfig) -> ModelFacts:
@@ -717,6 +717,9 @@ def _caveats(cfg: TrainConfig, facts: ModelFacts) -> tuple[str, ...]:
         caveats.append(f"the exact path runs the middle block as {cfg.data.seq_len} dependent one-token steps per "
                        "micro-batch: such a step is bound by kernel latency, not FLOPs, so the step time at this MFU "
                        "is far too short: time a few steps on one GPU")
+    if cfg.model.d_forward_sampling is not None:
+        caveats.append(f"model.d_forward_sampling draws each step's Jacobi depth: sized at the largest, "
+                       f"{cfg.model.sized_settings()['d_forward']}; the average step runs fewer iterations")
     published = sizing_base_config(cfg.model)[1]
     if published is not None:
         caveats.append(published)

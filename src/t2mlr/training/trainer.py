@@ -107,6 +107,7 @@ class StepStats:
     jacobi_iterations: float | None
     lr: float
     warm_started: float | None = None  # share of micro-batches started from stored states (warm_start_states)
+    d_forward: int | None = None  # the step's drawn Jacobi depth (model.d_forward_sampling)
 
 
 def seed_all(seed: int) -> None:
@@ -263,6 +264,9 @@ class Trainer:
         t, env = self.cfg.train, self.env
         log.info("model: %s, %.2fM parameters", type(self.model).__name__, count_parameters(self.model) / 1e6)
         log.info("train forward path: %s (the model's choice)", describe_path(self.model, True))
+        if self.cfg.model.d_forward_sampling is not None:
+            depths = self.cfg.model.d_forward_sampling.depths(self.model.config.d_forward)
+            log.info("Jacobi depth drawn per step from %s (model.d_forward_sampling)", depths)
         log.info("eval forward path: %s (the model's choice%s)",
                  describe_path(self.model, False, self.eval_overrides.get("recurrence")),
                  ", with eval.recurrence" if self.eval_overrides else "")
@@ -340,6 +344,8 @@ class Trainer:
         }
         if stats.warm_started is not None:
             record["warm_started"] = stats.warm_started
+        if stats.d_forward is not None:
+            record["d_forward"] = stats.d_forward
         for name, param in self.gates.items():
             record[name] = float(dist_utils.full_value(param.detach()).float())
         return record
@@ -359,9 +365,10 @@ class Trainer:
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         iterations: list[int | None] = []
         warm: list[bool] = []
+        depth = self._drawn_depth()
         for index, (batch, n_targets) in enumerate(zip(micro_batches, local_targets)):
             last = index == len(micro_batches) - 1
-            inputs = self._model_inputs(batch)
+            inputs = self._model_inputs(batch, depth)
             if self.warm_states is not None:
                 rows = self._row_sampler.micro_batch(self.step, index)
                 inputs.update(self.warm_states.forward_inputs(rows, batch["input_ids"].shape[1], device))
@@ -388,7 +395,18 @@ class Trainer:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         warm_share = sum(warm) / len(warm) if warm else None
-        return StepStats(loss, grad_norm, global_tokens, _mean_iterations(iterations), lr, warm_share)
+        return StepStats(loss, grad_norm, global_tokens, _mean_iterations(iterations), lr, warm_share,
+                         depth.get("d_forward"))
+
+    def _drawn_depth(self) -> dict[str, int]:
+        """The forward's depth arguments of the step about to run, drawn when model.d_forward_sampling is set (from
+        the seed and the step number: a resumed run draws what an uninterrupted one would); empty otherwise."""
+        sampling = self.cfg.model.d_forward_sampling
+        if sampling is None:
+            return {}
+        config = self.model.config
+        depth = sampling.draw(config.d_forward, self.cfg.train.seed, self.step + 1)
+        return {"d_forward": depth, "d_backward": min(config.d_backward, depth)}
 
     def _common_widths(self, micro_batches: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
         """FSDP: each micro-batch padded to the widest of the ranks' at its micro-step (`Collator.widen`; the
