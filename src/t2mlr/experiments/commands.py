@@ -3,6 +3,7 @@
     t2mlr experiment s5-retrieval --preset cpu --out runs/s5                 # ~20 min on 2 CPU cores
     t2mlr experiment s5-retrieval --preset tiny --out /tmp/s5 model.d_forward=8 optim.lr=1e-3
     t2mlr experiment finetune variable-assignment --preset cpu --out runs/ft_va
+    t2mlr experiment pathfinding --preset cpu --out runs/pathfinding
     t2mlr experiment retrofit --preset cpu --out runs/retrofit
     t2mlr experiment pretrain --preset cpu --out runs/pretrain
     t2mlr experiment s5-evidence --preset cpu --seeds 0 1 2 --out runs/s5_evidence
@@ -385,6 +386,12 @@ ARM=DIR pairs, one per arm. Exit codes: 0 done, 1 training stopped (non-finite l
 """
 
 
+# The flags of the finetunes (and of the pathfinding experiment, a finetune) that spell config overrides
+FINETUNE_FLAGS = {"steps": ("train.max_steps",), "seed": ("train.seed",), "train_size": ("task.train_size",),
+                  "eval_size": ("task.eval_size",), "prefill": ("task.prefill",),
+                  "eval_batch_size": ("eval.batch_size",), "recurrence_mask_policy": ("model.recurrence_mask_policy",)}
+
+
 def _run_finetune(args: argparse.Namespace) -> Any:
     from t2mlr.experiments import finetune
     from t2mlr.tasks.reasoning import check_data_source, get_task
@@ -398,10 +405,7 @@ def _run_finetune(args: argparse.Namespace) -> Any:
                          "or tiny")
     mask = None if args.prompt_recurrence_mask is None else ("mask" if args.prompt_recurrence_mask else "all")
     args.recurrence_mask_policy = mask
-    overrides = flag_overrides(args, {"steps": ("train.max_steps",), "seed": ("train.seed",),
-                                      "train_size": ("task.train_size",), "eval_size": ("task.eval_size",),
-                                      "prefill": ("task.prefill",), "eval_batch_size": ("eval.batch_size",),
-                                      "recurrence_mask_policy": ("model.recurrence_mask_policy",)})
+    overrides = flag_overrides(args, FINETUNE_FLAGS)
     if args.out is None and not args.dry_run:
         raise ValueError("--out is required (the output directory), unless --dry-run")
     if get_task(args.task).needs_data and not args.dry_run:  # a missing data file is reported before torch loads
@@ -431,6 +435,20 @@ def _run_finetune_summary(args: argparse.Namespace) -> Any:
     return write_summary([Path(p) for p in args.runs], args.out)  # a broken results.json: a ValueError, exit 2
 
 
+def _add_finetune_run_flags(p: argparse.ArgumentParser) -> None:
+    """The flags every finetune-run command shares: steps, seed, sizes, device, threads and workers."""
+    p.add_argument("--steps", type=int, default=None, help="every arm's training steps (train.max_steps)")
+    p.add_argument("--seed", type=int, default=None, help="seed of the data and of training (train.seed; default 0)")
+    p.add_argument("--train-size", type=int, default=None, help="training records (task.train_size)")
+    p.add_argument("--eval-size", type=int, default=None, help="evaluation problems (task.eval_size)")
+    p.add_argument("--eval-batch-size", type=int, default=None, help="prompts per generation batch (eval.batch_size)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None, help="device (train.device)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads in all, split between the workers")
+    p.add_argument("--workers", type=int, default=None,
+                   help="arms trained at a time, each in its own process (default: one per arm up to the CPU "
+                        "threads on CPU, 1 on a GPU)")
+
+
 def _add_finetune(sub: Any) -> None:
     p = sub.add_parser("finetune", help="reasoning finetunes: every arm on one task, pass@1",
                        description=FINETUNE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -455,22 +473,72 @@ def _add_finetune(sub: Any) -> None:
     p.add_argument("--prefill", choices=("exact", "jacobi"), default=None,
                    help="T²MLR prompt prefill in evaluation (task.prefill; default: exact)")
     p.add_argument("--prefill-depth", type=int, default=None, help="Jacobi prefill iterations (default: d_forward)")
-    p.add_argument("--steps", type=int, default=None, help="every arm's training steps (train.max_steps)")
-    p.add_argument("--seed", type=int, default=None, help="seed of the data and of training (train.seed; default 0)")
-    p.add_argument("--train-size", type=int, default=None, help="training records (task.train_size)")
-    p.add_argument("--eval-size", type=int, default=None, help="evaluation problems (task.eval_size)")
-    p.add_argument("--eval-batch-size", type=int, default=None, help="prompts per generation batch (eval.batch_size)")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None, help="device (train.device)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads in all, split between the workers")
-    p.add_argument("--workers", type=int, default=None,
-                   help="arms trained at a time, each in its own process (default: one per arm up to the CPU "
-                        "threads on CPU, 1 on a GPU)")
+    _add_finetune_run_flags(p)
     p.set_defaults(func=_guarded("finetune", _run_finetune))
 
     s = sub.add_parser("finetune-summary", help="gather finetune runs (tasks × seeds) into one table and figure")
     s.add_argument("runs", nargs="+", help="output directories of `t2mlr experiment finetune`")
     s.add_argument("--out", type=Path, required=True, help="where results.md, results.json and pass_at_1.png go")
     s.set_defaults(func=_guarded("finetune-summary", _run_finetune_summary))
+
+
+# ---------------------------------------------------------------------------------------------- pathfinding
+
+PATHFINDING_HELP = """The authors' release's pathfinding task: the unique shortest path of a directed graph, T²MLR on
+vs off, scored greedy pass@1 with any valid shortest path accepted.
+
+    t2mlr experiment pathfinding --preset cpu --seed 0 --threads 1 --out runs/pathfinding_seed0   # CPU, from scratch
+    t2mlr experiment pathfinding --preset paper --out runs/pathfinding   # GPU: SmolLM2-135M retrofit, as the release
+    t2mlr experiment pathfinding --preset paper --data data/pathfinding --out runs/pathfinding   # the release's files
+    t2mlr experiment pathfinding --preset tiny --out /tmp/pathfinding    # pipeline check only
+
+The preset is configs/experiments/pathfinding_<preset>.yaml. --data takes a .jsonl file (or the release's .json
+list) whose last task.eval_size rows are held out, or a directory with train and test splits (train.jsonl /
+test.jsonl, or the release's pathfinding_train.json / pathfinding_test.json); every row is checked (a path
+exists, exactly one is shortest, the edges are well formed, the answer is that path) and a bad one stops the
+run with its file:line, exit 2. Writes what `t2mlr experiment finetune` writes (results.md, results.json,
+pass_at_1.png, predictions.jsonl, data/, one run directory per arm); `t2mlr experiment finetune-summary` gathers
+seeds. Exit codes: 0 done, 1 training stopped (non-finite loss), 2 bad input.
+"""
+
+
+def _run_pathfinding(args: argparse.Namespace) -> Any:
+    from t2mlr.experiments import finetune, pathfinding
+
+    args.prefill = args.recurrence_mask_policy = None  # flags of the finetunes this command does not take
+    overrides = flag_overrides(args, FINETUNE_FLAGS)
+    if args.out is None and not args.dry_run:
+        raise ValueError("--out is required (the output directory), unless --dry-run")
+    if args.data is not None and not Path(args.data).exists():
+        raise ValueError(f"--data {args.data}: no such file or directory")
+    task, tree = load(pathfinding.config_name(args.preset), overrides, pathfinding.PathfindingTask)
+    plan = pathfinding.plan(args.preset, task, tree, args.arms, retrofit=args.retrofit, data=args.data,
+                            dry_run=args.dry_run)
+    if args.dry_run:
+        out = args.out or Path(f"runs/pathfinding_{args.preset}")
+        arms, notes = finetune.dry_run_arms(plan, out)
+        if plan.start.kind == "shape":
+            notes.insert(0, f"start: the run retrofits {task.pretrained} (task.pretrained); sized at the preset's "
+                            "declared backbone, nothing downloaded")
+        flags = {"--arms": args.arms, "--retrofit": args.retrofit, "--data": args.data}
+        return dry_run(args, ["experiment", "pathfinding"], overrides, out, arms, notes, flags)
+    _set_threads(args.threads)
+    with ranks(tree):
+        return finetune.run(plan, args.out, resume=args.resume, overwrite=args.overwrite, workers=args.workers)
+
+
+def _add_pathfinding(sub: Any) -> None:
+    p = sub.add_parser("pathfinding", help="the release's pathfinding task: T²MLR on vs off, greedy pass@1",
+                       description=PATHFINDING_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _common(p, "pathfinding", "cpu", None)
+    p.add_argument("--arms", default=None, help="comma-separated arms, e.g. t2mlr:2-3,transformer (default: the "
+                                                "preset's task.arms)")
+    p.add_argument("--data", default=None, help="a pathfinding .jsonl/.json file or a directory of train and test "
+                                                "splits (the release's files too) instead of generated rows")
+    p.add_argument("--retrofit", default=None, metavar="MODEL",
+                   help="start every arm from this pretrained model (default: the paper preset's task.pretrained)")
+    _add_finetune_run_flags(p)
+    p.set_defaults(func=_guarded("pathfinding", _run_pathfinding))
 
 
 # ---------------------------------------------------------------------------------------------- retrofit
@@ -618,7 +686,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("experiment", help="run a paper experiment end to end", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
-    for add in (_add_s5, _add_s5_evidence, _add_finetune, _add_retrofit, _add_pretrain):
+    for add in (_add_s5, _add_s5_evidence, _add_finetune, _add_pathfinding, _add_retrofit, _add_pretrain):
         add(sub)
     return parser
 

@@ -30,6 +30,7 @@ from typing import Any
 
 from t2mlr.tasks.jsonl import read_records
 from t2mlr.tasks.loaders import GSM_AUG_HUB, load_gsm_aug, normalise_cot_records
+from t2mlr.tasks.pathfinding import ARROW, generate_pathfinding, load_pathfinding_data, score_path
 from t2mlr.tasks.prosqa import check_answer, check_path, generate_prosqa_hard
 from t2mlr.tasks.scoring import (
     extract_boxed_answer,
@@ -46,6 +47,7 @@ __all__ = ["TASKS", "Scored", "TaskSpec", "get_task", "load_task_data", "score_o
 
 GSM_VARIANTS = tuple(GSM_AUG_HUB)
 PROSQA_FIELDS = ("entity", "root", "correct", "edges")  # what the path checker reads from a record
+PATHFINDING_FIELDS = ("edges", "start", "end")  # what the shortest-path scorer reads from a record
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,11 @@ def _score_prosqa(record: Mapping[str, Any], text: str) -> Scored:
     return Scored(answer or None, check_path(record, text), {"answer_correct": float(check_answer(record, text))})
 
 
+def _score_pathfinding(record: Mapping[str, Any], text: str) -> Scored:
+    nodes, correct = score_path(record, text)
+    return Scored(None if nodes is None else ARROW.join(nodes), correct)
+
+
 def _score_gsm(record: Mapping[str, Any], text: str) -> Scored:
     return Scored(extract_gsm_answer(text), gsm_exact_match(text, str(record["answer"])))
 
@@ -100,6 +107,11 @@ TASKS: dict[str, TaskSpec] = {
     "prosqa-hard": TaskSpec(
         "prosqa-hard", "ProsQA-Hard", _score_prosqa, checker_fields=PROSQA_FIELDS,
         phrases=("Every ", " is a ", " is an ", "Is ", " or a ", ". ", "### "), syllables=True,
+    ),
+    "pathfinding": TaskSpec(
+        "pathfinding", "Pathfinding", _score_pathfinding, checker_fields=PATHFINDING_FIELDS,
+        phrases=("Find the shortest path in this directed graph.\n", "Start: ", "End: ", "Edges:\n", ARROW,
+                 "Answer: ", "Wait "), syllables=True,
     ),
     "gsm-aug": TaskSpec("gsm-aug", "GSM-Aug", _score_gsm, needs_data=True, phrases=("#### ", "<<", ">>")),
     "hotpotqa": TaskSpec("hotpotqa", "HotpotQA (CoT)", _score_hotpotqa, needs_data=True,
@@ -134,9 +146,18 @@ def _generated(task: str, settings: Mapping[str, Any], size: int, seed: int, str
         rows = generate_variable_assignment(size, seed=seed, stream=stream, **settings,
                                             min_depth=min_depth if stream == "train" else None)
         return [{k: r[k] for k in ("prompt", "target", "answer")} for r in rows]
+    if task == "pathfinding":
+        return [_pathfinding_record(r) for r in generate_pathfinding(size, seed=seed, stream=stream, **settings)]
     kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in settings.items()}
     rows = generate_prosqa_hard(size, seed=seed, stream=stream, **kwargs)
     return [{k: r[k] for k in ("prompt", "target", "answer", *PROSQA_FIELDS)} for r in rows]
+
+
+def _pathfinding_record(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A pathfinding row (the release's fields) as a finetune record: its question is the prompt, its response
+    the target."""
+    return {"prompt": row["question"], "target": row.get("response", row["answer"]), "answer": row["answer"],
+            **{k: row[k] for k in PATHFINDING_FIELDS}}
 
 
 def _split_rows(directory: Path, split: str) -> list[dict[str, Any]] | None:
@@ -208,9 +229,12 @@ def load_task_data(
             raise ValueError(f"--variant must be one of {GSM_VARIANTS} for gsm-aug, got {variant!r}")
         train, evaluation = _from_data(task, data, variant, eval_size)
         train = train[:train_size] if train_size else train
+    elif task == "pathfinding" and data is not None:  # the release's files or this library's, every row checked
+        train, evaluation = (list(map(_pathfinding_record, rows)) for rows in load_pathfinding_data(data, eval_size))
+        train = train[:train_size] if train_size else train
     else:
         if data is not None:
-            raise ValueError(f"task {task} generates its own data; --data is for gsm-aug and hotpotqa")
+            raise ValueError(f"task {task} generates its own data; --data is for gsm-aug, hotpotqa and pathfinding")
         train = _generated(task, settings, train_size, seed, "train")
         evaluation = _generated(task, settings, eval_size, seed, "eval")
     seen = {r["prompt"] for r in train}

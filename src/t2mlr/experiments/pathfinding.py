@@ -1,0 +1,54 @@
+"""The pathfinding experiment (`t2mlr experiment pathfinding`): T²MLR on vs off on the release's shortest-path task.
+
+The authors' release finetunes SmolLM2-135M on its pathfinding data with T²MLR off and on (`paper` preset, as
+the release runs it); `cpu` is the same comparison scaled to a CPU (smaller graphs, small models from scratch),
+`tiny` a pipeline check. The task is `t2mlr.tasks.pathfinding` (generated rows, or the release's files with
+`--data`, every row checked); everything else (arms, data, training, greedy evaluation, results.md /
+results.json / predictions.jsonl) is the reasoning finetunes' (`t2mlr.experiments.finetune`), so a pathfinding
+run reads and resumes like any finetune run and `t2mlr experiment finetune-summary` gathers its seeds.
+
+Configs: `configs/experiments/pathfinding_{paper,cpu,tiny}.yaml`, a finetune config whose task section is
+`PathfindingTask`: `FinetuneTask` plus `pretrained`, the model a preset with `start: retrofit` retrofits (the
+command line's `--retrofit` replaces it; a dry run without `--retrofit` sizes the preset's declared backbone and
+downloads nothing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from t2mlr.experiments.finetune import FinetunePlan, FinetuneTask, make_plan
+
+__all__ = ["PathfindingTask", "config_name", "plan"]
+
+
+@dataclass(frozen=True)
+class PathfindingTask(FinetuneTask):
+    """The task section of a pathfinding config (`task:`): a finetune task section naming the pathfinding task,
+    plus the pretrained model a retrofit preset starts from."""
+
+    name: Literal["pathfinding"]
+    pretrained: str | None = None  # hub id or local directory; used when start is "retrofit"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.start == "retrofit" and not self.pretrained:
+            raise ValueError("task: start retrofit needs task.pretrained (the model to retrofit)")
+        if self.start == "from":
+            raise ValueError("task: a pathfinding preset starts from scratch or retrofits task.pretrained")
+
+
+def config_name(preset: str) -> str:
+    return f"experiments/pathfinding_{preset}"
+
+
+def plan(preset: str, task: PathfindingTask, tree: dict[str, Any], arms: str | None = None,
+         from_: Sequence[str] | None = None, retrofit: str | None = None, data: str | None = None,
+         dry_run: bool = False) -> FinetunePlan:
+    """The finetune plan of a pathfinding config: a retrofit preset retrofits `--retrofit` or else
+    `task.pretrained` (in a dry run without `--retrofit`: the declared backbone's shape, nothing downloaded)."""
+    if retrofit is None and not from_ and task.start == "retrofit" and not dry_run:
+        retrofit = task.pretrained
+    return make_plan(preset, task, tree, arms, from_, retrofit, data, dry_run=dry_run)
