@@ -142,6 +142,8 @@ def test_train_reports_config_and_data_file_errors_before_torch_loads(tmp_path, 
     (["finetune", "variable-assignment", "--preset", "tiny", "optim.learning_rate=1"], "Did you mean 'lr'?"),
     (["retrofit", "--preset", "tiny", "train.max_stepz=2"], "Did you mean 'max_steps'?"),
     (["pretrain", "--preset", "tiny", "task.eval_batchez=2"], "Did you mean 'eval_batches'?"),
+    (["pathfinding", "--preset", "tiny", "task.eval_sise=2"], "Did you mean 'eval_size'?"),
+    (["pathfinding", "--preset", "tiny", "--data", "no/such/rows.jsonl"], "no such file or directory"),
     (["finetune", "hotpotqa", "--preset", "tiny", "--data", "no/such/file.jsonl"], "is neither a local file"),
 ])
 def test_every_experiment_reports_a_config_typo_before_torch_loads(tmp_path, argv, said) -> None:

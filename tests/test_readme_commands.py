@@ -35,6 +35,7 @@ AS_WRITTEN = [
     't2mlr generate runs/debug/final --prompt "t3 t17 t5" --max-new-tokens 16 --compile default',
     "t2mlr experiment s5-retrieval --preset tiny --out runs/s5_lr optim.lr=1e-3 model.d_forward=8 --workers 1",
     "t2mlr experiment finetune variable-assignment --preset tiny --out runs/ft_lr task.eval_size=6 train.max_steps=3",
+    "t2mlr experiment pathfinding --preset paper --dry-run --gpu h100",
 ]
 
 # The same command with smaller sizes (the written one takes minutes to hours, or needs the hub).
@@ -55,6 +56,8 @@ TINY = {
         "--out runs/ft_va_arms --workers 1",
     "t2mlr experiment finetune-summary runs/ft_va runs/ft_prosqa_seed0 --out runs/ft_summary":
         "t2mlr experiment finetune-summary runs/ft_va runs/ft_prosqa_seed0 --out runs/ft_summary",
+    "t2mlr experiment pathfinding --preset cpu --seed 0 --threads 1 --out runs/pathfinding_cpu_seed0":
+        "t2mlr experiment pathfinding --preset tiny --seed 0 --threads 1 --out runs/pathfinding_cpu_seed0 --workers 1",
 }
 
 # Run at a tiny scale by these tests (they take longer, or need torchrun or the corpus fixtures).

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from t2mlr.cli import main as cli_main
-from t2mlr.experiments import finetune, pretrain, retrofit, s5
+from t2mlr.experiments import finetune, pathfinding, pretrain, retrofit, s5
 from t2mlr.experiments.commands import EXPERIMENT_CONFIGS, FINETUNE_TASKS, load, presets
 from t2mlr.training.commands import GPU_KIND_NAMES
 from t2mlr.training.config import save_config
@@ -35,7 +35,7 @@ def experiment_cases() -> list[tuple[str, ...]]:
     cases += [("finetune", task, p) for task in FINETUNE_TASKS for p in ("paper", "cpu", "tiny")
               if (EXPERIMENT_CONFIGS / f"finetune_{p}_{task.replace('-', '_')}.yaml").is_file()]
     cases += [("retrofit", p) for p in presets("retrofit")] + [("pretrain", p) for p in presets("pretrain")]
-    return cases
+    return cases + [("pathfinding", p) for p in presets("pathfinding")]
 
 
 def run(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
@@ -82,6 +82,9 @@ def arms_of(case: tuple[str, ...], out: Path, overrides: list[str]) -> list:
     if name == "finetune":
         task, tree = load(finetune.config_name(rest[-1], rest[0]), overrides, finetune.FinetuneTask)
         return finetune.dry_run_arms(finetune.make_plan(rest[-1], task, tree, dry_run=True), out)[0]
+    if name == "pathfinding":
+        task, tree = load(pathfinding.config_name(rest[-1]), overrides, pathfinding.PathfindingTask)
+        return finetune.dry_run_arms(pathfinding.plan(rest[-1], task, tree, dry_run=True), out)[0]
     if name == "retrofit":
         task, tree = load(retrofit.config_name(rest[-1]), overrides, retrofit.RetrofitTask)
         return retrofit.dry_run_arms(task, tree, out)[0]
@@ -90,8 +93,10 @@ def arms_of(case: tuple[str, ...], out: Path, overrides: list[str]) -> list:
 
 
 @pytest.mark.parametrize(("case", "devices"), [(("finetune", "gsm-aug", "paper"), "4"), (("pretrain", "cpu"), "1"),
-                                               (("retrofit", "tiny"), "1"), (("s5-retrieval", "tiny"), "1")],
-                         ids=["finetune-gsm-aug-paper", "pretrain-cpu", "retrofit-tiny", "s5-tiny"])
+                                               (("retrofit", "tiny"), "1"), (("s5-retrieval", "tiny"), "1"),
+                                               (("pathfinding", "paper"), "1"), (("pathfinding", "cpu"), "1")],
+                         ids=["finetune-gsm-aug-paper", "pretrain-cpu", "retrofit-tiny", "s5-tiny", "pathfinding-paper",
+                              "pathfinding-cpu"])
 def test_each_arm_is_sized_as_train_dry_run_sizes_its_config(case, devices, tmp_path, capsys) -> None:
     out = tmp_path / "out"
     code, stdout, stderr = run(capsys, *experiment_argv(case, out, "--devices", devices, "--gpu", "a100-80gb", "--json"))

@@ -517,9 +517,9 @@ def _run_pathfinding(args: argparse.Namespace) -> Any:
     if args.dry_run:
         out = args.out or Path(f"runs/pathfinding_{args.preset}")
         arms, notes = finetune.dry_run_arms(plan, out)
-        if plan.start.kind == "shape":
-            notes.insert(0, f"start: the run retrofits {task.pretrained} (task.pretrained); sized at the preset's "
-                            "declared backbone, nothing downloaded")
+        if plan.start.kind == "shape":  # the finetunes' note on this asks for --from or --retrofit: not needed here
+            notes = [f"start: the run retrofits {task.pretrained} (task.pretrained); sized at the preset's declared "
+                     "backbone, nothing downloaded", *(n for n in notes if not n.startswith("start:"))]
         flags = {"--arms": args.arms, "--retrofit": args.retrofit, "--data": args.data}
         return dry_run(args, ["experiment", "pathfinding"], overrides, out, arms, notes, flags)
     _set_threads(args.threads)
