@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 import random
-from collections import defaultdict, deque
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from test_tasks_prosqa import bfs
 
 from t2mlr.tasks.jsonl import write_jsonl
 from t2mlr.tasks.pathfinding import (
@@ -39,14 +40,7 @@ def children_of(edges: list[list[str]]) -> dict[str, list[str]]:
 
 
 def bfs_distance(edges: list[list[str]], start: str, end: str) -> int | None:
-    children, dist, queue = children_of(edges), {start: 0}, deque([start])
-    while queue:
-        node = queue.popleft()
-        for child in children[node]:
-            if child not in dist:
-                dist[child] = dist[node] + 1
-                queue.append(child)
-    return dist.get(end)
+    return bfs(edges, start).get(end)  # the ProsQA tests' BFS: edge counts from start
 
 
 def paths_of_length(edges: list[list[str]], start: str, end: str, length: int) -> list[list[str]]:

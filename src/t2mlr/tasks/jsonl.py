@@ -4,7 +4,7 @@ datasets (JSON lines or parquet, the forms the hub serves them in)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +22,10 @@ def write_jsonl(records: Iterable[Mapping[str, Any]], path: str | Path) -> int:
     return count
 
 
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """Read a JSON-lines file, skipping blank lines; the line number is in any parse error."""
+def numbered_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) of every non-blank line of a JSON-lines file, so a caller that checks the records
+    can name a bad one's line; the line number is in any parse error."""
     path = Path(path)
-    records: list[dict[str, Any]] = []
     with path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
@@ -36,8 +36,12 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
                 raise ValueError(f"{path}:{lineno}: invalid JSON ({err.msg})") from err
             if not isinstance(record, dict):
                 raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}")
-            records.append(record)
-    return records
+            yield lineno, record
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """Read a JSON-lines file, skipping blank lines; the line number is in any parse error."""
+    return [record for _, record in numbered_jsonl(path)]
 
 
 def read_records(path: str | Path) -> list[dict[str, Any]]:

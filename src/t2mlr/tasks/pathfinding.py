@@ -37,6 +37,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from t2mlr.tasks.jsonl import numbered_jsonl
 from t2mlr.tasks.prosqa import CONSONANTS, VOWELS
 from t2mlr.tasks.sampling import seeded_samples
 
@@ -257,23 +258,16 @@ def read_pathfinding_file(path: str | Path) -> list[dict[str, Any]]:
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"pathfinding data file not found: {path}")
-    text = path.read_text(encoding="utf-8")
     if path.suffix == ".json":
         try:
-            items = json.loads(text)
+            items = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}:{err.lineno}: invalid JSON ({err.msg})") from err
         if not isinstance(items, list):
             raise ValueError(f"{path}: a .json pathfinding file is one JSON list of rows")
         located = [(f"{path}: item {i}", item) for i, item in enumerate(items)]
     else:
-        located = []
-        for number, line in enumerate(text.splitlines(), start=1):
-            if line.strip():
-                try:
-                    located.append((f"{path}:{number}", json.loads(line)))
-                except json.JSONDecodeError as err:
-                    raise ValueError(f"{path}:{number}: invalid JSON ({err.msg})") from err
+        located = [(f"{path}:{number}", row) for number, row in numbered_jsonl(path)]
     rows = []
     for where, row in located:
         if not isinstance(row, dict):

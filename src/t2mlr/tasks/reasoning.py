@@ -8,6 +8,9 @@ continuation: the answer or chain of thought) and ``answer`` (the gold answer), 
   token is the queried digit.
 * ``prosqa-hard``: generated (``t2mlr.tasks.prosqa``); pass@1 = the generated steps are a valid path in the
   sample's graph from the root to the correct option (the task's path checker); the record keeps the graph.
+* ``pathfinding`` (``t2mlr experiment pathfinding``): generated (``t2mlr.tasks.pathfinding``) or the release's
+  files (``--data``, every row checked); pass@1 = the reply's path is a shortest path of the record's graph
+  from its start to its end (any one of them); the record keeps the graph.
 * ``gsm-aug``: GSM8K-Aug (question/steps/answer, symbolic or natural-language variant) from a local file or
   directory, or the published hub set; pass@1 = the number after the answer marker ``####`` equals the answer.
 * ``hotpotqa``: chain-of-thought HotpotQA (question/steps/answer, optional context) from a local file or
