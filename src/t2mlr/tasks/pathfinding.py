@@ -169,7 +169,8 @@ def _validate(path_range: tuple[int, int], lanes: int, lane_extra: tuple[int, in
                          f"{list(lane_extra)}")
     needed = most_nodes(path_range, lanes, lane_extra, dead_end_depth)
     if name_pool is not None and name_pool < needed:
-        raise ValueError(f"name_pool {name_pool} is smaller than the largest graph these settings give ({needed} nodes)")
+        raise ValueError(f"name_pool {name_pool} is smaller than the largest graph these settings give "
+                         f"({needed} nodes)")
 
 
 def iter_pathfinding(
@@ -194,7 +195,8 @@ def iter_pathfinding(
                                                    wait_prefix, pool))
 
 
-def generate_pathfinding(num_samples: int, seed: int = 0, stream: str = "train", **settings: Any) -> list[dict[str, Any]]:
+def generate_pathfinding(num_samples: int, seed: int = 0, stream: str = "train",
+                         **settings: Any) -> list[dict[str, Any]]:
     """`num_samples` pathfinding rows, deterministic in (seed, stream); `settings` as `iter_pathfinding` takes them."""
     return list(iter_pathfinding(num_samples, seed=seed, stream=stream, **settings))
 
@@ -249,7 +251,8 @@ def check_row(row: Mapping[str, Any]) -> None:
         raise ValueError(f"the graph has {count} shortest paths from {start!r} to {end!r} (of {length} edges); the "
                          "task needs exactly one")
     if not score_path(row, str(row["answer"]))[1]:
-        raise ValueError(f"answer {row['answer']!r} is not the shortest path ({length} edges) from {start!r} to {end!r}")
+        raise ValueError(f"answer {row['answer']!r} is not the shortest path ({length} edges) from {start!r} "
+                         f"to {end!r}")
 
 
 def read_pathfinding_file(path: str | Path) -> list[dict[str, Any]]:
