@@ -39,7 +39,7 @@ from typing import Any
 
 from t2mlr.tasks.jsonl import numbered_jsonl
 from t2mlr.tasks.prosqa import CONSONANTS, VOWELS
-from t2mlr.tasks.sampling import seeded_samples
+from t2mlr.tasks.sampling import distinct_words, seeded_samples
 
 __all__ = [
     "ARROW",
@@ -110,19 +110,12 @@ def _fresh_name(rng: random.Random) -> str:
     return "".join(rng.choice(CONSONANTS) + rng.choice(VOWELS) for _ in range(syllables)) + rng.choice(_CLOSING)
 
 
-def _fresh_names(rng: random.Random, count: int) -> list[str]:
-    names: set[str] = set()
-    while len(names) < count:
-        names.add(_fresh_name(rng))
-    ordered = sorted(names)
-    rng.shuffle(ordered)
-    return ordered
 
 
 def _name_pool(size: int) -> list[str]:
     """The fixed list of `size` node names (`name_pool`): one seed for every call, so the training and
     evaluation streams draw from the same words."""
-    return _fresh_names(random.Random(f"pathfinding-name-pool-{size}"), size)
+    return distinct_words(random.Random(f"pathfinding-name-pool-{size}"), size, _fresh_name)
 
 
 def most_nodes(path_range: tuple[int, int], lanes: int, lane_extra: tuple[int, int], dead_end_depth: int) -> int:
@@ -143,7 +136,7 @@ def _make_sample(rng: random.Random, path_range: tuple[int, int], lanes: int, la
             break
     else:
         raise ValueError(f"no graph with a unique shortest path in {_MAX_DRAWS} draws: the settings cannot give one")
-    names = _fresh_names(rng, size) if pool is None else rng.sample(pool, size)
+    names = distinct_words(rng, size, _fresh_name) if pool is None else rng.sample(pool, size)
     named = [[names[a], names[b]] for a, b in edges]
     rng.shuffle(named)
     start, end = names[0], names[path_len]

@@ -42,7 +42,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from t2mlr.tasks.sampling import seeded_samples
+from t2mlr.tasks.sampling import distinct_words, seeded_samples
 
 __all__ = [
     "check_answer",
@@ -63,16 +63,10 @@ _EVERY = re.compile(r"Every ([a-z]+) is an? ([a-z]+)\.")
 _MAX_EDGE_TRIES = 40
 
 
-def _concept_names(rng: random.Random, count: int) -> list[str]:
-    """Distinct pronounceable made-up words starting with a consonant (so "a X" reads well)."""
-    names: set[str] = set()
-    while len(names) < count:
-        syllables = rng.randint(2, 3)
-        stem = "".join(rng.choice(CONSONANTS) + rng.choice(VOWELS) for _ in range(syllables))
-        names.add(stem + rng.choice(_SUFFIXES))
-    ordered = sorted(names)
-    rng.shuffle(ordered)
-    return ordered
+def _concept_name(rng: random.Random) -> str:
+    """A pronounceable made-up word starting with a consonant (so "a X" reads well)."""
+    syllables = rng.randint(2, 3)
+    return "".join(rng.choice(CONSONANTS) + rng.choice(VOWELS) for _ in range(syllables)) + rng.choice(_SUFFIXES)
 
 
 class _Dag:
@@ -167,7 +161,7 @@ def _build_graph(rng: random.Random, num_nodes: int, path_len: int, edge_factor:
 def _name_pool(size: int) -> list[str]:
     """The fixed list of `size` concept names (`name_pool`): one seed for every call, so the training and
     evaluation streams draw from the same words."""
-    return _concept_names(random.Random(f"prosqa-name-pool-{size}"), size)
+    return distinct_words(random.Random(f"prosqa-name-pool-{size}"), size, _concept_name)
 
 
 def _make_sample(
@@ -177,7 +171,7 @@ def _make_sample(
     path_len = rng.randint(*path_range)
     num_nodes = rng.randint(*nodes_range)
     dag, spec = _build_graph(rng, num_nodes, path_len, edge_factor)
-    names = _concept_names(rng, num_nodes) if pool is None else rng.sample(pool, num_nodes)
+    names = distinct_words(rng, num_nodes, _concept_name) if pool is None else rng.sample(pool, num_nodes)
     entity = rng.choice(_PEOPLE)
     root, correct, wrong = names[spec.root], names[spec.correct], names[spec.wrong]
     edges = [[names[u], names[w]] for u, w in dag.edges]

@@ -13,7 +13,7 @@ import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["seeded_samples"]
+__all__ = ["distinct_words", "seeded_samples"]
 
 
 def seeded_samples(
@@ -28,3 +28,14 @@ def seeded_samples(
     rng = random.Random(f"t2mlr/{task}/{stream}/{seed}")
     counter = itertools.count() if num_samples is None else range(num_samples)
     return (draw(rng) for _ in counter)
+
+
+def distinct_words(rng: random.Random, count: int, word: Callable[[random.Random], str]) -> list[str]:
+    """`count` different results of `word(rng)` in an order drawn from `rng` (sorted first, so the order does not
+    depend on how a set iterates): the made-up names the graph tasks give their nodes."""
+    names: set[str] = set()
+    while len(names) < count:
+        names.add(word(rng))
+    ordered = sorted(names)
+    rng.shuffle(ordered)
+    return ordered
