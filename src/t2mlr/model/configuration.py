@@ -32,7 +32,9 @@ from t2mlr.utils import (
 
 RecurrencePath = Literal["exact", "jacobi", "off"]
 RecurrenceMaskPolicy = Literal["all", "mask"]
+ExactSolver = Literal["sequential", "fixed_point", "auto"]
 RECURRENCE_PATHS: tuple[str, ...] = get_args(RecurrencePath)
+EXACT_SOLVERS: tuple[str, ...] = get_args(ExactSolver)
 RECURRENCE_MASK_POLICIES: tuple[str, ...] = get_args(RecurrenceMaskPolicy)
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -77,6 +79,20 @@ def check_jacobi_tol(tol: Any, name: str = "jacobi_tol") -> None:
         return
     if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not tol >= 0:
         raise ValueError(f"{name} must be >= 0 or None, got {tol!r}")
+
+
+def check_exact_solver(solver: Any, tol: Any, chunk: Any, cap: Any) -> None:
+    """The exact path's solver and the fixed-point solver's settings (docs/model.md, "Solving the exact path")."""
+    if solver not in EXACT_SOLVERS:
+        raise ValueError(f"exact_solver must be one of {EXACT_SOLVERS}, got {solver!r}")
+    if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0 < tol < float("inf"):
+        raise ValueError(f"fixed_point_tol must be a finite number > 0 (max |change of R| between passes), got {tol!r}")
+    check_int(chunk, "fixed_point_chunk")
+    if chunk < 2:
+        raise ValueError(f"fixed_point_chunk must be >= 2 tokens (a 1-token chunk is the sequential step), got {chunk}")
+    check_int(cap, "fixed_point_cap")
+    if cap < 1:
+        raise ValueError(f"fixed_point_cap must be >= 1 (fused passes per chunk before the sequential fallback), got {cap}")
 
 
 def check_bptt_window(window: Any) -> None:
@@ -184,8 +200,15 @@ class ForwardPath:
     d_backward: int
     jacobi_tol: float | None = None
     bptt_window: int | None = None  # exact path with gradients: how many tokens back R carries them
+    exact_solver: ExactSolver = "sequential"  # how the exact path solves R over a multi-token chunk
+    fixed_point_tol: float = 1e-4
+    fixed_point_chunk: int = 64
+    fixed_point_cap: int = 16
 
     def describe(self) -> str:
+        if self.recurrence == "exact" and self.exact_solver != "sequential":
+            return (f"exact ({self.exact_solver}: fixed_point_tol={self.fixed_point_tol}, "
+                    f"fixed_point_chunk={self.fixed_point_chunk}, fixed_point_cap={self.fixed_point_cap})")
         if self.recurrence == "exact" and self.bptt_window is not None:
             return f"exact (bptt_window={self.bptt_window})"
         if self.recurrence != "jacobi":
@@ -290,6 +313,12 @@ class T2MLRConfig(WrapsBaseConfig, PretrainedConfig):
         jacobi_tol: stop the detached Jacobi iterations early once max |ΔR| <= jacobi_tol (None: never).
         bptt_window: exact-path training with truncated backpropagation through time: the loss at a
             token reaches back through R this many tokens (None: through the whole sequence).
+        exact_solver: how the exact path computes R over a multi-token chunk: "sequential" (token by
+            token, the definition), "fixed_point" (Jacobi passes over chunks of `fixed_point_chunk` tokens
+            until R moves by at most `fixed_point_tol`, the sequential step for what `fixed_point_cap` passes
+            leave unsettled) or "auto" (fixed_point where it applies, sequential for the rest of a forward
+            once a chunk has fallen back). docs/model.md, "Solving the exact path".
+        fixed_point_tol, fixed_point_chunk, fixed_point_cap: the fixed-point solver's settings.
         train_recurrence / eval_recurrence: forward path used when `recurrence=None` in training
             and evaluation mode: "exact", "jacobi" or "off" (plain base model). Never switched silently.
         recurrence_mask_policy: "all" (every real token fuses R) or "mask" (the caller passes a
@@ -309,6 +338,10 @@ class T2MLRConfig(WrapsBaseConfig, PretrainedConfig):
         d_backward: int = 4,
         jacobi_tol: float | None = None,
         bptt_window: int | None = None,
+        exact_solver: ExactSolver = "sequential",
+        fixed_point_tol: float = 1e-4,
+        fixed_point_chunk: int = 64,
+        fixed_point_cap: int = 16,
         train_recurrence: RecurrencePath = "jacobi",
         eval_recurrence: RecurrencePath = "exact",
         recurrence_mask_policy: RecurrenceMaskPolicy = "all",
@@ -323,6 +356,10 @@ class T2MLRConfig(WrapsBaseConfig, PretrainedConfig):
         self.d_backward = d_backward
         self.jacobi_tol = jacobi_tol
         self.bptt_window = bptt_window
+        self.exact_solver = exact_solver
+        self.fixed_point_tol = fixed_point_tol
+        self.fixed_point_chunk = fixed_point_chunk
+        self.fixed_point_cap = fixed_point_cap
         self.train_recurrence = train_recurrence
         self.eval_recurrence = eval_recurrence
         self.recurrence_mask_policy = recurrence_mask_policy
@@ -366,6 +403,7 @@ class T2MLRConfig(WrapsBaseConfig, PretrainedConfig):
         check_depths(self.d_forward, self.d_backward)
         check_jacobi_tol(self.jacobi_tol)
         check_bptt_window(self.bptt_window)
+        check_exact_solver(self.exact_solver, self.fixed_point_tol, self.fixed_point_chunk, self.fixed_point_cap)
         for name in ("train_recurrence", "eval_recurrence"):
             check_recurrence_path(getattr(self, name), name)
         if self.recurrence_mask_policy not in RECURRENCE_MASK_POLICIES:
@@ -386,6 +424,9 @@ class T2MLRConfig(WrapsBaseConfig, PretrainedConfig):
         d_backward: int | None = None,
         jacobi_tol: float | None = None,
         bptt_window: int | None = None,
+        exact_solver: str | None = None,
+        fixed_point_tol: float | None = None,
+        fixed_point_chunk: int | None = None,
     ) -> ForwardPath:
         """The path of one forward call: each argument given explicitly wins, else the config's field
         (`train_recurrence` in training mode, `eval_recurrence` in evaluation mode)."""
@@ -398,9 +439,14 @@ class T2MLRConfig(WrapsBaseConfig, PretrainedConfig):
             d_backward=self.d_backward if d_backward is None else d_backward,
             jacobi_tol=self.jacobi_tol if jacobi_tol is None else jacobi_tol,
             bptt_window=self.bptt_window if bptt_window is None else bptt_window,
+            exact_solver=self.exact_solver if exact_solver is None else exact_solver,
+            fixed_point_tol=self.fixed_point_tol if fixed_point_tol is None else fixed_point_tol,
+            fixed_point_chunk=self.fixed_point_chunk if fixed_point_chunk is None else fixed_point_chunk,
+            fixed_point_cap=self.fixed_point_cap,
         )
         if recurrence == "exact":
             check_bptt_window(path.bptt_window)
+            check_exact_solver(path.exact_solver, path.fixed_point_tol, path.fixed_point_chunk, path.fixed_point_cap)
         if recurrence == "jacobi":
             check_depths(path.d_forward, path.d_backward)
             check_jacobi_tol(path.jacobi_tol)

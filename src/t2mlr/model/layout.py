@@ -179,12 +179,15 @@ def layer_inputs(
     attention_mask: torch.Tensor | None,
     layout: TokenLayout,
     cache: DynamicCache | None,
+    full_masks: bool = False,
 ) -> LayerInputs:
     """Masks (one per layer, built once per attention kind) and rotary embeddings of a chunk. `cache`
-    (a T2MLRCache, or a baseline's own DynamicCache subclass) sizes the masks."""
+    (a T2MLRCache, or a baseline's own DynamicCache subclass) sizes the masks. `full_masks`: build every
+    mask even where sdpa could skip it (the fixed-point solver passes over spans that follow cached keys)."""
     # A static cache's masks span all its positions, so the exact path's one-query steps cannot fall back on
     # sdpa's `is_causal` (a skipped mask) as they do with a growing cache: every mask is built.
-    extra: dict[str, Any] = {"allow_is_causal_skip": False} if isinstance(cache, T2MLRStaticCache) else {}
+    full_masks = full_masks or isinstance(cache, T2MLRStaticCache)
+    extra: dict[str, Any] = {"allow_is_causal_skip": False} if full_masks else {}
     if layout.document_ids is not None:
         extra["and_mask_function"] = _same_document(layout.document_ids)
         if attention_mask is None:  # an explicit mask turns off transformers' own packing detection,
@@ -230,8 +233,12 @@ def chunk_kv_offset(cache: T2MLRCache | None, layer_idx: int) -> int:
     return 0 if cache is None else cache.get_mask_sizes(1, layer_idx)[1]
 
 
-def step_mask(mask: Any, t: int, cache: DynamicCache, layer_idx: int, chunk_offset: int) -> Any:
-    """Row t of the chunk's mask, cut to the keys the layer's cache holds at that step (exact path)."""
+def rows_mask(mask: Any, rows: slice, cache: DynamicCache, layer_idx: int, chunk_offset: int) -> Any:
+    """Rows `rows` of the chunk's mask, cut to the keys the layer's cache holds once they are written: a
+    one-token step of the sequential exact path, or a span the fixed-point solver passes over at once."""
+    queries = rows.stop - rows.start
+    if mask is None and queries > 1:  # sdpa's is_causal would align a span's queries to the first keys
+        raise ValueError("a span of several queries after cached keys needs the chunk's masks built in full")
     if mask is None:
         return None
     if not isinstance(mask, torch.Tensor) or mask.dim() != 4:
@@ -239,9 +246,9 @@ def step_mask(mask: Any, t: int, cache: DynamicCache, layer_idx: int, chunk_offs
             "the exact path needs 'eager' or 'sdpa' attention (4D masks); this model uses "
             f"{type(mask).__name__} masks: switch attn_implementation, or use recurrence='jacobi'"
         )
-    kv_length, kv_offset = cache.get_mask_sizes(1, layer_idx) if len(cache.layers) > layer_idx else (t + 1, 0)
+    kv_length, kv_offset = cache.get_mask_sizes(queries, layer_idx) if len(cache.layers) > layer_idx else (queries, 0)
     start = kv_offset - chunk_offset
-    return mask[:, :, t : t + 1, start : start + kv_length]
+    return mask[:, :, rows, start : start + kv_length]
 
 
 # ---------------------------------------------------------------------------------------------- moving R

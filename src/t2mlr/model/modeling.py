@@ -26,8 +26,9 @@ each token reads (R_{t-1}, zero at a document start), `r_out` is what each token
 from __future__ import annotations
 
 import inspect
+import warnings
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -52,8 +53,8 @@ from .layout import (
     gather_states,
     latest_real_index,
     reset_at_starts,
+    rows_mask,
     states_read,
-    step_mask,
 )
 from .pretrained import load_pretrained_base
 from .remote_code import write_remote_code_modules
@@ -83,6 +84,7 @@ class T2MLRModelOutput(BaseModelOutputWithPast):
 
     recurrent_state: torch.Tensor | None = None
     jacobi_iterations: int | torch.Tensor | None = None
+    exact_solve: "ExactSolveReport | None" = None
 
 
 @dataclass
@@ -91,6 +93,62 @@ class T2MLRCausalLMOutput(CausalLMOutputWithPast):
 
     recurrent_state: torch.Tensor | None = None
     jacobi_iterations: int | torch.Tensor | None = None
+    exact_solve: "ExactSolveReport | None" = None
+
+
+@dataclass
+class ExactSolveReport:
+    """How one exact forward solved R: which solver ran and, for the fixed-point solver, per chunk of tokens
+    its start, its length, the fused passes it took (after one seed pass) and how many of its tokens the
+    sequential step finished after the cap (0: the chunk settled within the tolerance, or was exact)."""
+
+    solver: str  # "sequential" or "fixed_point" (what ran, "auto" resolved)
+    tol: float | None = None
+    starts: list[int] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
+    passes: list[int] = field(default_factory=list)
+    sequential_tokens: list[int] = field(default_factory=list)
+
+    def add_chunk(self, start: int, length: int, passes: int, sequential_tokens: int) -> None:
+        self.starts.append(start)
+        self.lengths.append(length)
+        self.passes.append(passes)
+        self.sequential_tokens.append(sequential_tokens)
+
+    def fallbacks(self) -> int:
+        """Chunks the fixed-point passes left unsettled at the cap (the sequential step finished them)."""
+        return sum(passes > 0 and tokens > 0 for passes, tokens in zip(self.passes, self.sequential_tokens))
+
+    @staticmethod
+    def combined(reports: Sequence["ExactSolveReport | None"]) -> dict[str, Any] | None:
+        """One result's totals over many forwards (an evaluation's batches): the solvers that ran, the spans,
+        the mean and largest fused passes per span, the spans fallen back. None when the fixed-point solver
+        never ran (no exact forward, or only the sequential loop: the path's description names that)."""
+        known = [report for report in reports if report is not None]
+        if all(report.solver == "sequential" for report in known):
+            return None
+        passes = [p for report in known for p in report.passes if p > 0]
+        return {
+            "solvers": sorted({report.solver for report in known}),
+            "forwards": len(known),
+            "chunks": sum(len(report.starts) for report in known),
+            "mean_passes": sum(passes) / len(passes) if passes else None,
+            "max_passes": max(passes, default=None),
+            "fallback_chunks": sum(report.fallbacks() for report in known),
+            "sequential_tokens": sum(sum(report.sequential_tokens) for report in known),
+        }
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready totals for a result file: the solver, its chunks, passes, fallbacks and sequential work."""
+        return {
+            "solver": self.solver,
+            "tol": self.tol,
+            "chunks": len(self.starts),
+            "passes": list(self.passes),
+            "fallback_chunks": self.fallbacks(),
+            "sequential_chunks": sum(passes == 0 for passes in self.passes),
+            "sequential_tokens": sum(self.sequential_tokens),
+        }
 
 
 class T2MLRPreTrainedModel(RunsBaseDecoder, PreTrainedModel):
@@ -181,6 +239,9 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
         initial_states: torch.Tensor | None = None,
         exact_states: bool = False,
         bptt_window: int | None = None,
+        exact_solver: str | None = None,
+        fixed_point_tol: float | None = None,
+        fixed_point_chunk: int | None = None,
         output_hidden_states: bool | None = None,
         output_attentions: bool | None = None,
         **kwargs: Any,
@@ -188,8 +249,9 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
         """The backbone's forward: the hidden states after the final norm (`last_hidden_state`).
 
         `recurrence` picks the path ("exact", "jacobi", "off"; None = the config's path for the current
-        train/eval mode); `d_forward`, `d_backward`, `jacobi_tol` and `bptt_window` override the config's
-        settings for this call (each is used by its path only).
+        train/eval mode); `d_forward`, `d_backward`, `jacobi_tol`, `bptt_window`, `exact_solver`,
+        `fixed_point_tol` and `fixed_point_chunk` override the config's settings for this call (each is
+        used by its path only; the exact path's solver: `resolved_solver`, docs/model.md).
 
         `initial_states` (batch, seq, hidden): R after every token of the chunk, e.g. the exact states a
         rollout computed (`generate(..., output_recurrent_states=True)`); the Jacobi path starts from them
@@ -211,7 +273,8 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
         if attentions_wanted:
             checks.check_attention_weights_available(c._attn_implementation for c in decoder_configs(self))
         path = self.forward_path(
-            recurrence, d_forward=d_forward, d_backward=d_backward, jacobi_tol=jacobi_tol, bptt_window=bptt_window
+            recurrence, d_forward=d_forward, d_backward=d_backward, jacobi_tol=jacobi_tol, bptt_window=bptt_window,
+            exact_solver=exact_solver, fixed_point_tol=fixed_point_tol, fixed_point_chunk=fixed_point_chunk,
         )
         checks.check_block_count(self.layers, self.config.num_layers)
         if self.training and torch.is_grad_enabled() and not torch.compiler.is_compiling():
@@ -230,14 +293,15 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
         initial_states = checks.checked_initial_states(
             initial_states, path.recurrence, batch, length, self.config.hidden_size, exact_states
         )
+        path = self.resolved_solver(path, length, cache, attentions_wanted, fixed_point_chunk is not None)
         hidden = inputs_embeds if input_ids is None else self.embed_tokens(input_ids)
-        inputs = self.chunk_inputs(hidden, attention_mask, layout, cache)
+        inputs = self.chunk_inputs(hidden, attention_mask, layout, cache, full_masks=path.exact_solver != "sequential")
         wanted = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
         record = [hidden] if wanted else None
 
         with AttentionRecorder(self.layers) if attentions_wanted else nullcontext() as attentions:
             hidden = self._run_layers(self.prefix_layer_indices(), hidden, inputs, record)
-            hidden, r_out, iterations = self._middle(
+            hidden, r_out, iterations, solve = self._middle(
                 path, hidden, inputs, layout, recurrence_mask, past, initial_states, exact_states, record
             )
             hidden = self.norm(self._run_layers(self.suffix_layer_indices(), hidden, inputs, record))
@@ -250,6 +314,7 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
             attentions=None if attentions is None else attentions.weights(length, past),
             recurrent_state=None if r_out is None else _last_state(r_out),
             jacobi_iterations=iterations,
+            exact_solve=solve,
         )
 
     def _run_layers(
@@ -272,18 +337,21 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
         initial_states: torch.Tensor | None = None,
         exact_states: bool = False,
         record: list | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None, int | torch.Tensor | None]:
-        """Blocks l_start..l_end on the chosen path: their output, R after each token, Jacobi iterates."""
+    ) -> tuple[torch.Tensor, torch.Tensor | None, int | torch.Tensor | None, ExactSolveReport | None]:
+        """Blocks l_start..l_end on the chosen path: their output, R after each token, Jacobi iterates, and
+        how the exact path solved R."""
         if path.recurrence == "off":
-            return self._run_layers(self.middle_layer_indices(), h_low, inputs, record), None, None
+            return self._run_layers(self.middle_layer_indices(), h_low, inputs, record), None, None, None
         cache = inputs.cache
         zero = h_low.new_zeros(h_low.shape[0], self.config.hidden_size)
         r_in = zero if cache is None else cache.incoming_state(past, h_low)
-        iterations = None
+        iterations, solve = None, None
         if path.recurrence == "exact" and path.bptt_window is not None and torch.is_grad_enabled():
-            h_end, r_out = self._truncated_exact_middle(h_low, r_in, inputs, layout, recurrence_mask, path, past, record)
+            h_end, r_out, solve = self._truncated_exact_middle(
+                h_low, r_in, inputs, layout, recurrence_mask, path, past, record
+            )
         elif path.recurrence == "exact" or h_low.shape[1] == 1:  # one token: the Jacobi fixed point at once
-            h_end, r_out = self._exact_middle(h_low, r_in, inputs, layout, recurrence_mask, record)
+            h_end, r_out, solve = self._solved_exact_middle(h_low, r_in, inputs, layout, recurrence_mask, path, record)
         elif past > 0:
             raise ValueError(
                 "Jacobi over a multi-token chunk needs an empty cache (it is a prefill); continue a "
@@ -300,7 +368,7 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
             )
         if cache is not None:
             cache.append_recurrent_states(r_out)
-        return h_end, r_out, iterations
+        return h_end, r_out, iterations, solve
 
     # ----------------------------------------------------------------------------- fusion and update
     def _fuse(self, h: torch.Tensor, r_read: torch.Tensor, recurrence_mask: torch.Tensor | None) -> torch.Tensor:
@@ -315,46 +383,214 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
         return torch.where(real[..., None], updated, r_read)
 
     # ----------------------------------------------------------------------------- exact path
-    def _exact_middle(
+    def resolved_solver(
+        self, path: ForwardPath, length: int, cache: Any, attentions_wanted: bool, chunk_given: bool = False
+    ) -> ForwardPath:
+        """The exact path's solver for a chunk of `length` tokens: "sequential", or "fixed_point" / "auto" where
+        the fixed-point solver can run ("auto" becomes "sequential" where it cannot). A one-token chunk (a
+        decode step) is always the sequential step. An explicit "fixed_point" that cannot run here, or an
+        explicit chunk longer than the forward's, is refused before compute rather than replaced."""
+        if path.recurrence != "exact" or path.exact_solver == "sequential" or length == 1:
+            return replace(path, exact_solver="sequential")
+        if chunk_given and path.fixed_point_chunk > length:
+            raise ValueError(
+                f"fixed_point_chunk={path.fixed_point_chunk} is longer than this forward's {length} tokens: give at most "
+                f"{length}, or leave it to the config (fixed_point_chunk there is an upper bound)"
+            )
+        obstacle = self._fixed_point_obstacle(path, cache, attentions_wanted)
+        if obstacle is None:
+            return path
+        if path.exact_solver == "fixed_point":
+            raise ValueError(
+                f"exact_solver='fixed_point' cannot run this forward: {obstacle}. Use exact_solver='auto' (the "
+                "sequential step where fixed_point cannot run) or 'sequential'"
+            )
+        return replace(path, exact_solver="sequential")
+
+    def _fixed_point_obstacle(self, path: ForwardPath, cache: Any, attentions_wanted: bool) -> str | None:
+        """Why the fixed-point solver cannot run this forward (None: it can). Its passes attend to the keys of
+        earlier chunks through the KV cache and take back what they wrote, so the cache must be a growing one."""
+        if torch.compiler.is_compiling():
+            return "a traced forward cannot stop on the tolerance, which is read on the host"
+        if torch.is_grad_enabled() and path.bptt_window is None:
+            return ("it solves R without gradients, and the loss would need them through every token: run under "
+                    "torch.no_grad(), or train with bptt_window=k (the replay then starts from its states)")
+        if attentions_wanted:
+            return "output_attentions=True returns the sequential loop's attention rows"
+        if isinstance(cache, T2MLRStaticCache):
+            return "a static cache writes keys in place, so a pass cannot be taken back; use the default T2MLRCache"
+        if cache is not None and any(getattr(cache.layers[i], "is_sliding", False)
+                                     for i in self.middle_layer_indices() if i < len(cache.layers)):
+            return "the middle blocks' sliding-window cache drops keys that a pass cannot restore"
+        unsupported = {c._attn_implementation for c in decoder_configs(self)} - {"eager", "sdpa"}
+        if unsupported:
+            return f"it needs 'eager' or 'sdpa' attention (4D masks), not {sorted(unsupported)}"
+        return None
+
+    def _solved_exact_middle(
         self,
         h_low: torch.Tensor,
         r_in: torch.Tensor,
         inputs: LayerInputs,
         layout: TokenLayout,
         recurrence_mask: torch.Tensor | None,
+        path: ForwardPath,
         record: list | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The middle block token by token with a KV cache; returns its outputs and R after each token."""
+    ) -> tuple[torch.Tensor, torch.Tensor, ExactSolveReport]:
+        """The exact path: the middle block's outputs and R after each token, solved by `path.exact_solver`.
+
+        Both solvers write the chunk's middle-block keys into the KV cache (a local one when the forward
+        keeps none). "sequential" runs the token loop. "fixed_point" splits the chunk into spans of at most
+        `fixed_point_chunk` tokens and settles each by Jacobi passes over the span (`_settle_span`),
+        attending to the earlier spans' keys in the cache; under "auto", once a span has fallen back to the
+        sequential step, the rest of the chunk runs sequentially (the model's R does not settle fast)."""
         cache = inputs.cache if inputs.cache is not None else DynamicCache()
-        decode_step = h_low.shape[1] == 1  # the chunk's own masks are already the step's masks
         middle = self.middle_layer_indices()
-        offsets = {} if decode_step else {i: chunk_kv_offset(inputs.cache, i) for i in middle}
+        offsets = {i: chunk_kv_offset(inputs.cache, i) for i in middle}
+        per_layer: dict[int, list[torch.Tensor]] | None = {i: [] for i in middle} if record is not None else None
+        length = h_low.shape[1]
+        if path.exact_solver == "sequential":
+            report = ExactSolveReport("sequential")
+            spans = [range(length)]
+        else:
+            report = ExactSolveReport("fixed_point", tol=path.fixed_point_tol)
+            size = min(path.fixed_point_chunk, length)
+            spans = [range(a, min(a + size, length)) for a in range(0, length, size)]
+        outputs, states, r_prev, settling = [], [], r_in, path.exact_solver != "sequential"
+        for rows in spans:
+            if settling and len(rows) > 1:
+                h_end, r_out, passes, fallback = self._settle_span(
+                    h_low, r_prev, inputs, layout, recurrence_mask, cache, offsets, rows, path, per_layer
+                )
+                report.add_chunk(rows.start, len(rows), passes, fallback)
+                settling = fallback == 0 or path.exact_solver == "fixed_point"
+            else:
+                h_end, r_out = self._exact_rows(h_low, r_prev, inputs, layout, recurrence_mask, cache, offsets, rows, per_layer)
+                if report.solver == "fixed_point":
+                    report.add_chunk(rows.start, len(rows), 0, len(rows))
+            outputs.append(h_end)
+            states.append(r_out)
+            r_prev = r_out[:, -1]
+        if per_layer is not None:
+            record.extend(torch.cat(per_layer[i], dim=1) for i in middle)
+        if report.fallbacks():
+            _warn_fallback(report, path)
+        return torch.cat(outputs, dim=1), torch.cat(states, dim=1), report
+
+    def _exact_rows(
+        self,
+        h_low: torch.Tensor,
+        r_prev: torch.Tensor,
+        inputs: LayerInputs,
+        layout: TokenLayout,
+        recurrence_mask: torch.Tensor | None,
+        cache: DynamicCache,
+        offsets: dict[int, int],
+        rows: range,
+        per_layer: dict[int, list[torch.Tensor]] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The sequential step over tokens `rows` of the chunk, from R = `r_prev` before the first: each token
+        reads R, runs the middle block with the KV cache, writes R. Returns the outputs and R after each."""
+        decode_step = h_low.shape[1] == 1  # the chunk's own masks are already the step's masks
         cos, sin = inputs.position_embeddings
         outputs, r_out = [], []
-        per_layer: dict[int, list[torch.Tensor]] = {i: [] for i in middle} if record is not None else {}
-        r_prev = r_in
-        for t in range(h_low.shape[1]):
+        for t in rows:
             r_read = reset_at_starts(r_prev, layout.document_start[:, t])
             token_mask = None if recurrence_mask is None else recurrence_mask[:, t : t + 1]
             hidden = self._fuse(h_low[:, t : t + 1], r_read[:, None], token_mask)
-            for i in middle:
+            for i in self.middle_layer_indices():
                 hidden = call_block(
                     self.layers[i],
                     hidden,
-                    attention_mask=inputs.masks[i] if decode_step else step_mask(inputs.masks[i], t, cache, i, offsets[i]),
+                    attention_mask=inputs.masks[i] if decode_step else rows_mask(
+                        inputs.masks[i], slice(t, t + 1), cache, i, offsets[i]
+                    ),
                     position_ids=inputs.position_ids[:, t : t + 1],
                     past_key_values=cache,
                     use_cache=True,
                     position_embeddings=(cos[:, t : t + 1], sin[:, t : t + 1]),
                 )
-                if record is not None:
+                if per_layer is not None:
                     per_layer[i].append(hidden)
             r_prev = self._write_state(hidden[:, 0], r_read, layout.real[:, t])
             outputs.append(hidden)
             r_out.append(r_prev)
-        if record is not None:
-            record.extend(torch.cat(per_layer[i], dim=1) for i in middle)
         return torch.cat(outputs, dim=1), torch.stack(r_out, dim=1)
+
+    def _settle_span(
+        self,
+        h_low: torch.Tensor,
+        r_prev: torch.Tensor,
+        inputs: LayerInputs,
+        layout: TokenLayout,
+        recurrence_mask: torch.Tensor | None,
+        cache: DynamicCache,
+        offsets: dict[int, int],
+        rows: range,
+        path: ForwardPath,
+        per_layer: dict[int, list[torch.Tensor]] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+        """Tokens `rows` by Jacobi passes over the whole span: a seed pass (no fusion), then fused passes
+        until what every token reads moves by at most `fixed_point_tol` between two passes. Each pass
+        attends to the earlier spans' keys in the cache and its own keys are taken back before the next.
+
+        Fused pass k reads exact states at the span's first k tokens (a token's read depends on the tokens
+        before it only), so it is exact there: a span is exact after as many fused passes as it has tokens.
+        A span that has not settled after `fixed_point_cap` passes keeps that pass's exact first tokens and
+        the sequential step finishes the rest. Returns the outputs, R after each token, the fused passes
+        taken and how many tokens the sequential step ran (0: settled)."""
+        span = slice(rows.start, rows.stop)
+        size, middle = len(rows), self.middle_layer_indices()
+        h_span, real, starts = h_low[:, span], layout.real[:, span], layout.document_start[:, span]
+        span_mask = None if recurrence_mask is None else recurrence_mask[:, span]
+        latest_real = latest_real_index(real)
+        masks = {i: rows_mask(inputs.masks[i], span, cache, i, offsets[i]) for i in middle}
+        cos, sin = inputs.position_embeddings
+        position_embeddings, position_ids = (cos[:, span], sin[:, span]), inputs.position_ids[:, span]
+
+        def one_pass(r_read: torch.Tensor, fuse: bool) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+            hidden = self._fuse(h_span, r_read, span_mask) if fuse else h_span
+            layer_outputs = []
+            for i in middle:
+                hidden = call_block(
+                    self.layers[i], hidden, attention_mask=masks[i], position_ids=position_ids,
+                    past_key_values=cache, use_cache=True, position_embeddings=position_embeddings,
+                )
+                layer_outputs.append(hidden)
+            return hidden, self._write_state(hidden, r_read, real), layer_outputs
+
+        def take_back(tokens: int) -> None:
+            for i in middle:
+                cache.layers[i].crop(-tokens)
+
+        r_read = states_read(torch.zeros_like(h_span), r_prev, latest_real, starts)
+        _, written, _ = one_pass(r_read, fuse=False)
+        take_back(size)
+        r_read = states_read(written, r_prev, latest_real, starts)
+        passes = 0
+        while True:
+            h_end, written, layer_outputs = one_pass(r_read, fuse=True)
+            passes += 1
+            r_next = states_read(written, r_prev, latest_real, starts)
+            settled = passes == size or float((r_next - r_read).abs().max()) <= path.fixed_point_tol
+            if settled or passes == path.fixed_point_cap:
+                break
+            take_back(size)
+            r_read = r_next
+        r_out = gather_states(written, r_prev, latest_real)
+        exact = size if settled else passes  # tokens this pass computed exactly (or within the tolerance)
+        if per_layer is not None:
+            for i, hidden in zip(middle, layer_outputs):
+                per_layer[i].append(hidden[:, :exact])
+        if settled:
+            return h_end, r_out, passes, 0
+        take_back(size - exact)
+        rest = range(rows.start + exact, rows.stop)
+        h_rest, r_rest = self._exact_rows(
+            h_low, r_out[:, exact - 1], inputs, layout, recurrence_mask, cache, offsets, rest, per_layer
+        )
+        return (torch.cat([h_end[:, :exact], h_rest], dim=1), torch.cat([r_out[:, :exact], r_rest], dim=1),
+                passes, len(rest))
 
     def _truncated_exact_middle(
         self,
@@ -366,10 +602,10 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
         path: ForwardPath,
         past: int | torch.Tensor,
         record: list | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor, ExactSolveReport]:
         """The exact path with truncated backpropagation through time (docs/semantics.md §5.1).
 
-        The exact states come from the token-by-token loop without gradients (and without the chunk's
+        The exact states come from the exact path's solver without gradients (and without the chunk's
         cache, which the replay fills); then they are replayed (`_replayed_middle`): one fused pass over the
         whole chunk whose backward is that of `bptt_window` Jacobi iterates at the fixed point. The values
         are the exact path's, and the loss at token t reaches back through R to tokens t-1 .. t-bptt_window
@@ -380,8 +616,13 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
                 "continue it under torch.no_grad(), or pass bptt_window=None"
             )
         with torch.no_grad():  # detached: a view of a graph tensor made under no_grad still requires grad
-            _, exact_states = self._exact_middle(h_low.detach(), r_in, inputs.without_cache(), layout, recurrence_mask)
-        return self._replayed_middle(h_low, r_in, inputs, layout, recurrence_mask, path.bptt_window, exact_states, record)
+            _, exact_states, report = self._solved_exact_middle(
+                h_low.detach(), r_in, inputs.without_cache(), layout, recurrence_mask, path
+            )
+        h_end, r_out = self._replayed_middle(
+            h_low, r_in, inputs, layout, recurrence_mask, path.bptt_window, exact_states, record
+        )
+        return h_end, r_out, report
 
     def _replayed_middle(
         self,
@@ -540,6 +781,9 @@ class T2MLRForCausalLM(LMHeadOverBackbone, T2MLRPreTrainedModel, T2MLRGeneration
         initial_states: torch.Tensor | None = None,
         exact_states: bool = False,
         bptt_window: int | None = None,
+        exact_solver: str | None = None,
+        fixed_point_tol: float | None = None,
+        fixed_point_chunk: int | None = None,
         output_hidden_states: bool | None = None,
         output_attentions: bool | None = None,
         **loss_kwargs: Any,
@@ -567,6 +811,9 @@ class T2MLRForCausalLM(LMHeadOverBackbone, T2MLRPreTrainedModel, T2MLRGeneration
             initial_states=initial_states,
             exact_states=exact_states,
             bptt_window=bptt_window,
+            exact_solver=exact_solver,
+            fixed_point_tol=fixed_point_tol,
+            fixed_point_chunk=fixed_point_chunk,
             output_hidden_states=output_hidden_states,
             output_attentions=output_attentions,
             return_dict=True,
@@ -580,6 +827,7 @@ class T2MLRForCausalLM(LMHeadOverBackbone, T2MLRPreTrainedModel, T2MLRGeneration
             attentions=out.attentions,
             recurrent_state=out.recurrent_state,
             jacobi_iterations=out.jacobi_iterations,
+            exact_solve=out.exact_solve,
         )
 
 
@@ -610,6 +858,18 @@ def _settle_on_device(
 
     count, r_read, _ = torch.while_loop(keep_going, refine, (count, r_next, _largest_move(r_next, r_read)))
     return r_read, count
+
+
+def _warn_fallback(report: ExactSolveReport, path: ForwardPath) -> None:
+    """Say once per forward that the fixed-point passes hit their cap (the values stay exact)."""
+    then = ("the rest of the forward ran sequentially (exact_solver='auto')" if path.exact_solver == "auto"
+            else "the sequential step finished their unsettled tokens")
+    warnings.warn(
+        f"exact_solver: {report.fallbacks()} of {len(report.starts)} chunks had not settled to fixed_point_tol="
+        f"{path.fixed_point_tol} after fixed_point_cap={path.fixed_point_cap} passes; {then}. The result is exact; "
+        "the output's exact_solve counts the passes (a model whose R settles slowly gains nothing from fixed_point)",
+        stacklevel=5,
+    )
 
 
 def _largest_move(r_next: torch.Tensor, r: torch.Tensor) -> torch.Tensor:

@@ -242,10 +242,11 @@ class DecoderBackbone(RunsBaseDecoder):
         self.embed_tokens = value
 
     def chunk_inputs(
-        self, hidden: torch.Tensor, attention_mask: torch.Tensor | None, layout: TokenLayout, cache: Any
+        self, hidden: torch.Tensor, attention_mask: torch.Tensor | None, layout: TokenLayout, cache: Any,
+        full_masks: bool = False,
     ) -> LayerInputs:
-        """Masks and rotary embeddings of a chunk, shared by every block call."""
-        return layer_inputs(self.config.base_config, self.rotary_emb, hidden, attention_mask, layout, cache)
+        """Masks and rotary embeddings of a chunk, shared by every block call (`layout.layer_inputs`)."""
+        return layer_inputs(self.config.base_config, self.rotary_emb, hidden, attention_mask, layout, cache, full_masks)
 
     def run_block(self, index: int, hidden: torch.Tensor, inputs: LayerInputs, cache: Any = None) -> torch.Tensor:
         """Decoder block `index` (0-based) on the chunk; `cache` defaults to the chunk's own (None: none)."""

@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 
 from t2mlr.baselines.matching import count_parameters
 from t2mlr.model import is_t2mlr
+from t2mlr.model.modeling import ExactSolveReport
 from t2mlr.model.pretrained import (
     IncompatibleBaseError,
     check_vocab_size,
@@ -450,6 +451,7 @@ class Trainer:
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         targets = 0
         iterations: list[int | None] = []
+        solves: list[Any] = []
         self.wrapped.eval()
         try:
             with torch.random.fork_rng(devices=devices):
@@ -461,6 +463,7 @@ class Trainer:
                         loss_sum += out.loss.double() * n
                     targets += n
                     iterations.append(getattr(out, "jacobi_iterations", None))
+                    solves.append(getattr(out, "exact_solve", None))
         finally:
             self.wrapped.train()
         totals = dist_utils.all_reduce(
@@ -471,6 +474,7 @@ class Trainer:
             "eval_ppl": math.exp(eval_loss) if eval_loss < 50 else float("inf"),
             "eval_recurrence": self.eval_recurrence(),
             "eval_jacobi_iterations": _mean_iterations(iterations),
+            "eval_exact_solve": ExactSolveReport.combined(solves),  # this rank's forwards
             "eval_tokens": int(totals[1]),
         }
 
