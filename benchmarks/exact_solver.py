@@ -12,8 +12,9 @@ both kinds:
   vocabulary, `smollm2-135m` SmolLM2-135M's shape with T²MLR(13, 18); gates opened (γ_cur -0.6, γ_rec 0.8);
   random token ids; the worst case for the solver;
 * trained checkpoints (`--checkpoint DIR`, repeatable): a saved T²MLR model (e.g. an S5 run's `final/`), fed
-  `--rows` of the task's evaluation sequences (a jsonl of {"input_tokens": [...]}, tokenized with the
-  checkpoint's tokenizer), packed into rows of `--tokens` tokens with document boundaries (R restarts at each).
+  `--rows`: a task's evaluation sequences (a jsonl of {"input_tokens": [...]}, tokenized with the checkpoint's
+  tokenizer) packed into rows of `--tokens` tokens with document boundaries (R restarts at each), or a text file
+  (e.g. docs/semantics.md for a retrofitted language model) tokenized and cut into rows.
 
 Timed in rounds (each round runs every variant once, in a rotated order); the table gives medians of the
 per-round ratios to the plain forward (the base decoder for random shapes, the checkpoint with
@@ -59,7 +60,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 or auto")
     p.add_argument("--shapes", default="12x256", help=f"comma-separated random shapes, of {', '.join(SHAPES)}")
     p.add_argument("--checkpoint", action="append", default=[], help="a saved T²MLR model directory (repeatable)")
-    p.add_argument("--rows", help="jsonl of {'input_tokens': [...]} fed to the checkpoints (their task's data)")
+    p.add_argument("--rows", help="what the checkpoints read: a task's jsonl of {'input_tokens': [...]} (packed, "
+                   "R restarting at each sequence) or a text file (tokenized, cut into rows)")
     p.add_argument("--tokens", type=int, default=512, help="tokens per row")
     p.add_argument("--batch", type=int, default=1, help="rows per forward")
     p.add_argument("--rounds", type=int, default=3)
@@ -99,21 +101,30 @@ def random_case(shape: str, args: argparse.Namespace) -> tuple[T2MLRForCausalLM,
 
 
 def checkpoint_case(directory: str, args: argparse.Namespace) -> tuple[T2MLRForCausalLM, dict[str, torch.Tensor]]:
-    """The trained model and its task's sequences packed into rows (document_ids mark where each starts)."""
+    """The trained model and what it reads: a task's sequences (a jsonl of {"input_tokens": [...]}) packed into
+    rows with document_ids marking where each starts (R restarts there), or a text file's tokens cut into rows."""
     model = T2MLRForCausalLM.from_pretrained(directory)
     tokenizer = AutoTokenizer.from_pretrained(directory)
-    sequences = [json.loads(line)["input_tokens"] for line in Path(args.rows).read_text().splitlines() if line.strip()]
-    flat, documents = [], []
-    for number, tokens in enumerate(sequences * (1 + args.tokens * args.batch // max(1, len(sequences)))):
-        ids = tokenizer.convert_tokens_to_ids(tokens)
-        flat += ids
-        documents += [number] * len(ids)
-        if len(flat) >= args.tokens * args.batch:
-            break
+    wanted = args.tokens * args.batch
+    if args.rows.endswith(".jsonl"):
+        sequences = [json.loads(line)["input_tokens"] for line in Path(args.rows).read_text().splitlines() if line]
+        flat, documents = [], []
+        for number, tokens in enumerate(sequences * (1 + wanted // max(1, len(sequences)))):
+            ids = tokenizer.convert_tokens_to_ids(tokens)
+            flat += ids
+            documents += [number] * len(ids)
+            if len(flat) >= wanted:
+                break
+    else:
+        flat = tokenizer(Path(args.rows).read_text())["input_ids"]
+        documents = None
+    if len(flat) < wanted:
+        raise SystemExit(f"{args.rows} holds {len(flat)} tokens; --tokens × --batch needs {wanted}")
     shape = (args.batch, args.tokens)
-    ids = torch.tensor(flat[: args.tokens * args.batch]).reshape(shape)
-    documents = torch.tensor(documents[: args.tokens * args.batch]).reshape(shape)
-    return model, {"input_ids": ids, "document_ids": documents}
+    inputs = {"input_ids": torch.tensor(flat[:wanted]).reshape(shape)}
+    if documents is not None:
+        inputs["document_ids"] = torch.tensor(documents[:wanted]).reshape(shape)
+    return model, inputs
 
 
 def run_variant(model: T2MLRForCausalLM, inputs: dict[str, torch.Tensor], name: str,

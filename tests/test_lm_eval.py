@@ -45,7 +45,7 @@ from t2mlr.evaluation.harness import (  # noqa: E402
     with_device,
     with_shipped_tasks,
 )
-from t2mlr.evaluation.lm_eval_model import T2MLRLM, check_eval_path  # noqa: E402
+from t2mlr.evaluation.lm_eval_model import T2MLRLM, check_eval_path, check_eval_solver  # noqa: E402
 from t2mlr.model import T2MLRForCausalLM  # noqa: E402
 from t2mlr.utils import resolve_device  # noqa: E402
 
@@ -129,6 +129,16 @@ def test_jacobi_scores_follow_the_requested_depth(model_dir, task_manager) -> No
     assert max(abs(score - exact[args]) for args, score in _scores(shallow)) > 1e-3  # depth 1: approximate
 
 
+def test_the_fixed_point_solver_scores_as_the_sequential_loop_and_is_recorded(model_dir, task_manager) -> None:
+    exact = dict(_scores(_evaluate(model_dir, task_manager, ["t2mlr_toy"], recurrence="exact")))
+    solved = _evaluate(model_dir, task_manager, ["t2mlr_toy"], recurrence="exact", exact_solver="fixed_point")
+    tolerance = by_hand_tolerance(tiny_model(dtype=torch.float32, **MISLEADING_CONFIG), list(exact))
+    assert max(abs(score - exact[args]) for args, score in _scores(solved)) <= tolerance
+    record = solved["config"]["t2mlr_exact_solve"]
+    assert solved["config"]["t2mlr_exact_solver"] == "fixed_point" and record["solvers"] == ["fixed_point"]
+    assert record["chunks"] >= record["forwards"] >= 1 and record["max_passes"] >= 1
+
+
 def test_generation_task_runs_through_generate_with_the_chosen_prefill(model_dir, task_manager) -> None:
     results = _evaluate(model_dir, task_manager, ["t2mlr_toy_gen"], recurrence="exact")
     tokenizer, model = build_tokenizer(), tiny_model(dtype=torch.float32, **MISLEADING_CONFIG)
@@ -149,6 +159,10 @@ def test_model_args_are_checked() -> None:
         check_eval_path("exact", 8)
     with pytest.raises(ValueError, match="d_forward must be >= 1"):
         check_eval_path("jacobi", 0)
+    with pytest.raises(ValueError, match="exact_solver must be one of"):
+        check_eval_solver("exact", "fast")
+    with pytest.raises(ValueError, match="recurrence=exact only"):
+        check_eval_solver("jacobi", "auto")
 
 
 def test_eval_command_passes_lm_eval_options_through() -> None:

@@ -49,6 +49,9 @@ MODEL_ARGS: dict[str, str] = {
     "approximation); used on every scoring call and every generation, never taken from the saved config",
     "d_forward": "N: Jacobi cache iterations (recurrence=jacobi only; default: the saved config's d_forward); "
     "position t is exact once N >= t, so N >= sequence length + 1 gives the exact scores",
+    "exact_solver": "sequential (default: the token loop), fixed_point or auto (recurrence=exact only): how the "
+    "exact path is computed (docs/model.md, 'Solving the exact path'; the saved config's fixed_point_* settings); "
+    "the passes it took are recorded as t2mlr_exact_solve",
     "device": "as HFLM's (cpu, cuda, cuda:1, ...; the same as --device, give one), but the default is CUDA if "
     "available, else the CPU",
     "exit_layer": "E: early exit, blocks after block E (1-based) skipped and the final norm and head applied to its "

@@ -11,6 +11,9 @@ max_length, add_bos_token, peft, trust_remote_code, ...), plus
 * recurrence: "exact" (default; the definition, token by token) or "jacobi" (the temporal-parallel
   approximation), used on every scoring call and every generation, never taken from the saved config;
 * d_forward: the Jacobi depth (recurrence=jacobi only; default: the saved config's d_forward);
+* exact_solver: how the exact path is computed (recurrence=exact only): "sequential" (default, the token loop),
+  "fixed_point" or "auto" (docs/model.md, "Solving the exact path"), with the saved config's fixed_point_*
+  settings; the passes every scoring forward took are recorded as `t2mlr_exact_solve`;
 * exit_layer: an early exit (`t2mlr.evaluation.early_exit`): blocks after this one (1-based) are skipped and
   the final norm and head read its output; plain models and T²MLR with exit_layer >= l_end only.
 
@@ -18,7 +21,7 @@ Only the two calls that run the model are overridden: `_model_call` passes `recu
 depth) to the forward, `_model_generate` passes `prefill=...` (and `prefill_depth`) to `generate()`;
 decode steps are one token, where both paths coincide. Batching, padding, automatic batch sizes,
 tokenization and devices are HFLM's. The path is recorded in the results' config (`t2mlr_recurrence`,
-`t2mlr_d_forward`, `t2mlr_placement`, `t2mlr_exit_layer`). A plain causal LM (the baselines of `t2mlr.baselines`) is
+`t2mlr_d_forward`, `t2mlr_exact_solver`, `t2mlr_placement`, `t2mlr_exit_layer`). A plain causal LM (the baselines of `t2mlr.baselines`) is
 scored through the same entry as the plain model it is, so every arm of a comparison is evaluated alike.
 
 lm-eval 0.4 finds models only in its in-process registry (it reads no entry points), so this module
@@ -41,13 +44,15 @@ import t2mlr.model.modeling  # noqa: F401  (registers the "t2mlr" model type wit
 from t2mlr.evaluation.early_exit import skip_blocks_after
 from t2mlr.generation.text import underlying
 from t2mlr.model import is_t2mlr
-from t2mlr.model.configuration import check_depths
+from t2mlr.model.configuration import EXACT_SOLVERS, check_depths
+from t2mlr.model.modeling import ExactSolveReport
 
 __all__ = ["EVAL_PATHS", "PATH_ARGUMENTS", "T2MLRLM", "check_eval_path"]
 
 EVAL_PATHS = ("exact", "jacobi")
 # forward / generate() arguments that choose the path: fixed by the model args, so never taken from a task
-PATH_ARGUMENTS = ("recurrence", "d_forward", "d_backward", "jacobi_tol", "prefill", "prefill_depth", "prefill_tol")
+PATH_ARGUMENTS = ("recurrence", "d_forward", "d_backward", "jacobi_tol", "prefill", "prefill_depth", "prefill_tol",
+                  "exact_solver", "fixed_point_tol", "fixed_point_chunk")
 log = logging.getLogger(__name__)
 
 
@@ -67,27 +72,36 @@ def check_eval_path(recurrence: str, d_forward: int | None) -> None:
     check_depths(d_forward, 1)
 
 
+def check_eval_solver(recurrence: str, exact_solver: str) -> None:
+    """The exact path's solver is a choice of the exact evaluation only."""
+    if exact_solver not in EXACT_SOLVERS:
+        raise ValueError(f"exact_solver must be one of {EXACT_SOLVERS}, got {exact_solver!r}")
+    if recurrence != "exact" and exact_solver != "sequential":
+        raise ValueError("exact_solver applies to recurrence=exact only (the Jacobi path has its own depth, d_forward)")
+
+
 @register_model("t2mlr")
 class T2MLRLM(HFLM):
     """lm-eval's HFLM on an explicitly chosen T²MLR path (see the module docstring)."""
 
     def __init__(
         self, pretrained: Any, recurrence: str = "exact", d_forward: int | None = None, device: str | None = "auto",
-        exit_layer: int | None = None, **kwargs: Any,
+        exit_layer: int | None = None, exact_solver: str = "sequential", **kwargs: Any,
     ) -> None:
         """`device`: as HFLM's, except that the default is CUDA when available, else the CPU (HFLM's own
         default, "cuda", fails on a machine without CUDA). The backend is "causal" unless given: HFLM
         infers it from transformers' own model types and would warn that it does not know "t2mlr".
         `exit_layer`: the loaded model keeps only its blocks up to this one (the others skipped) for good."""
         check_eval_path(recurrence, d_forward)
+        check_eval_solver(recurrence, exact_solver)
         kwargs.setdefault("backend", "causal")
         super().__init__(pretrained=pretrained, device=device or "auto", **kwargs)
         model = underlying(self.model)  # the transformers model, under a PEFT wrapper (`peft=...` in the model args)
         self.recurrent = is_t2mlr(model)
-        if not self.recurrent and (recurrence != "exact" or d_forward is not None):
+        if not self.recurrent and (recurrence != "exact" or d_forward is not None or exact_solver != "sequential"):
             raise ValueError(
-                f"{type(model).__name__} has no recurrence: recurrence=jacobi and d_forward apply to T²MLR "
-                "models only (a baseline is scored as the plain causal LM it is)"
+                f"{type(model).__name__} has no recurrence: recurrence=jacobi, d_forward and exact_solver apply to "
+                "T²MLR models only (a baseline is scored as the plain causal LM it is)"
             )
         if self.recurrent and model.config.recurrence_mask_policy != "all":
             raise ValueError(
@@ -97,6 +111,8 @@ class T2MLRLM(HFLM):
             )
         self.recurrence = recurrence if self.recurrent else "none"
         self.d_forward = model.config.d_forward if recurrence == "jacobi" and d_forward is None else d_forward
+        self.exact_solver = exact_solver if self.recurrent and recurrence == "exact" else None
+        self.solves: list[Any] = []  # every scoring forward's ExactSolveReport
         self.exit_layer = exit_layer
         if exit_layer is not None:
             skip_blocks_after(model, exit_layer)
@@ -108,14 +124,15 @@ class T2MLRLM(HFLM):
         exit_after = "" if self.exit_layer is None else f", early exit after block {self.exit_layer}"
         if not self.recurrent:
             return f"plain causal LM ({type(underlying(self.model)).__name__}, no recurrence{exit_after})"
-        return ("exact" if self.recurrence == "exact" else f"jacobi(d_forward={self.d_forward})") + exit_after
+        exact = "exact" if self.exact_solver == "sequential" else f"exact({self.exact_solver})"
+        return (exact if self.recurrence == "exact" else f"jacobi(d_forward={self.d_forward})") + exit_after
 
     def forward_path_kwargs(self) -> dict[str, Any]:
         """Forward arguments that pin the path (no gradients here, so d_backward=1 is always valid)."""
         if not self.recurrent:
             return {}
         if self.recurrence == "exact":
-            return {"recurrence": "exact"}
+            return {"recurrence": "exact", "exact_solver": self.exact_solver}
         return {"recurrence": "jacobi", "d_forward": self.d_forward, "d_backward": 1}
 
     def prefill_kwargs(self) -> dict[str, Any]:
@@ -123,7 +140,7 @@ class T2MLRLM(HFLM):
         if not self.recurrent:
             return {}
         if self.recurrence == "exact":
-            return {"prefill": "exact"}
+            return {"prefill": "exact", "exact_solver": self.exact_solver}
         return {"prefill": "jacobi", "prefill_depth": self.d_forward}
 
     # ----------------------------------------------------------------------------- the calls that run the model
@@ -139,7 +156,9 @@ class T2MLRLM(HFLM):
             device_type=self.device.type, dtype=self.mixed_precision_dtype, enabled=self.mixed_precision_dtype is not None
         )
         with torch.no_grad(), autocast:
-            return self.model(inps, **self.forward_path_kwargs()).logits
+            out = self.model(inps, **self.forward_path_kwargs())
+        self.solves.append(getattr(out, "exact_solve", None))
+        return out.logits
 
     def _model_generate(self, context: torch.Tensor, max_length: int, stop: list[str], **generation_kwargs: Any):
         """HFLM's generation with the prompt's prefill on the chosen path."""
@@ -158,5 +177,7 @@ class T2MLRLM(HFLM):
             "t2mlr_placement": [config.l_start, config.l_end] if self.recurrent else None,
             "t2mlr_recurrence": self.recurrence,
             "t2mlr_d_forward": self.d_forward,
+            "t2mlr_exact_solver": self.exact_solver,
+            "t2mlr_exact_solve": ExactSolveReport.combined(self.solves),
             "t2mlr_exit_layer": self.exit_layer,
         }
