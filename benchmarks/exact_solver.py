@@ -62,6 +62,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--checkpoint", action="append", default=[], help="a saved T²MLR model directory (repeatable)")
     p.add_argument("--rows", help="what the checkpoints read: a task's jsonl of {'input_tokens': [...]} (packed, "
                    "R restarting at each sequence) or a text file (tokenized, cut into rows)")
+    p.add_argument("--tokenizer", help="the checkpoints' tokenizer directory, when they hold none (an S5 run's data/tokenizer)")
     p.add_argument("--tokens", type=int, default=512, help="tokens per row")
     p.add_argument("--batch", type=int, default=1, help="rows per forward")
     p.add_argument("--rounds", type=int, default=3)
@@ -104,7 +105,7 @@ def checkpoint_case(directory: str, args: argparse.Namespace) -> tuple[T2MLRForC
     """The trained model and what it reads: a task's sequences (a jsonl of {"input_tokens": [...]}) packed into
     rows with document_ids marking where each starts (R restarts there), or a text file's tokens cut into rows."""
     model = T2MLRForCausalLM.from_pretrained(directory)
-    tokenizer = AutoTokenizer.from_pretrained(directory)
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or directory)
     wanted = args.tokens * args.batch
     if args.rows.endswith(".jsonl"):
         sequences = [json.loads(line)["input_tokens"] for line in Path(args.rows).read_text().splitlines() if line]

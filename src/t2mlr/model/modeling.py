@@ -174,6 +174,29 @@ class T2MLRPreTrainedModel(RunsBaseDecoder, PreTrainedModel):
         return self.config.forward_path(self.training, recurrence, **overrides)
 
 
+@dataclass
+class ExactChunk:
+    """What the exact path's solvers share over one forward's chunk: the middle block's inputs, the KV cache its
+    keys go to (with each middle layer's first key column in the chunk's masks), and where per-layer outputs
+    are collected when hidden states are asked for."""
+
+    h_low: torch.Tensor
+    inputs: LayerInputs
+    layout: TokenLayout
+    recurrence_mask: torch.Tensor | None
+    cache: DynamicCache
+    offsets: dict[int, int]
+    per_layer: dict[int, list[torch.Tensor]] | None
+
+    def mask(self, layer: int, rows: slice) -> Any:
+        """Layer `layer`'s mask for the chunk's tokens `rows`, against the keys its cache holds once they are written."""
+        return rows_mask(self.inputs.masks[layer], rows, self.cache, layer, self.offsets[layer])
+
+    def record(self, layer: int, hidden: torch.Tensor) -> None:
+        if self.per_layer is not None:
+            self.per_layer[layer].append(hidden)
+
+
 def is_t2mlr(model: nn.Module) -> bool:
     """The one test of "is this a T²MLR causal LM" (a wrapper such as DDP must be unwrapped first)."""
     return isinstance(model, T2MLRForCausalLM)
@@ -444,10 +467,13 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
         `fixed_point_chunk` tokens and settles each by Jacobi passes over the span (`_settle_span`),
         attending to the earlier spans' keys in the cache; under "auto", once a span has fallen back to the
         sequential step, the rest of the chunk runs sequentially (the model's R does not settle fast)."""
-        cache = inputs.cache if inputs.cache is not None else DynamicCache()
         middle = self.middle_layer_indices()
-        offsets = {i: chunk_kv_offset(inputs.cache, i) for i in middle}
-        per_layer: dict[int, list[torch.Tensor]] | None = {i: [] for i in middle} if record is not None else None
+        chunk = ExactChunk(
+            h_low, inputs, layout, recurrence_mask,
+            cache=inputs.cache if inputs.cache is not None else DynamicCache(),
+            offsets={i: chunk_kv_offset(inputs.cache, i) for i in middle},
+            per_layer={i: [] for i in middle} if record is not None else None,
+        )
         length = h_low.shape[1]
         if path.exact_solver == "sequential":
             report = ExactSolveReport("sequential")
@@ -459,76 +485,51 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
         outputs, states, r_prev, settling = [], [], r_in, path.exact_solver != "sequential"
         for rows in spans:
             if settling and len(rows) > 1:
-                h_end, r_out, passes, fallback = self._settle_span(
-                    h_low, r_prev, inputs, layout, recurrence_mask, cache, offsets, rows, path, per_layer
-                )
+                h_end, r_out, passes, fallback = self._settle_span(chunk, r_prev, rows, path)
                 report.add_chunk(rows.start, len(rows), passes, fallback)
                 settling = fallback == 0 or path.exact_solver == "fixed_point"
             else:
-                h_end, r_out = self._exact_rows(h_low, r_prev, inputs, layout, recurrence_mask, cache, offsets, rows, per_layer)
+                h_end, r_out = self._exact_rows(chunk, r_prev, rows)
                 if report.solver == "fixed_point":
                     report.add_chunk(rows.start, len(rows), 0, len(rows))
             outputs.append(h_end)
             states.append(r_out)
             r_prev = r_out[:, -1]
-        if per_layer is not None:
-            record.extend(torch.cat(per_layer[i], dim=1) for i in middle)
+        if chunk.per_layer is not None:
+            record.extend(torch.cat(chunk.per_layer[i], dim=1) for i in middle)
         if report.fallbacks():
             _warn_fallback(report, path)
         return torch.cat(outputs, dim=1), torch.cat(states, dim=1), report
 
-    def _exact_rows(
-        self,
-        h_low: torch.Tensor,
-        r_prev: torch.Tensor,
-        inputs: LayerInputs,
-        layout: TokenLayout,
-        recurrence_mask: torch.Tensor | None,
-        cache: DynamicCache,
-        offsets: dict[int, int],
-        rows: range,
-        per_layer: dict[int, list[torch.Tensor]] | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _exact_rows(self, chunk: "ExactChunk", r_prev: torch.Tensor, rows: range) -> tuple[torch.Tensor, torch.Tensor]:
         """The sequential step over tokens `rows` of the chunk, from R = `r_prev` before the first: each token
         reads R, runs the middle block with the KV cache, writes R. Returns the outputs and R after each."""
-        decode_step = h_low.shape[1] == 1  # the chunk's own masks are already the step's masks
+        inputs, layout, recurrence_mask = chunk.inputs, chunk.layout, chunk.recurrence_mask
+        decode_step = chunk.h_low.shape[1] == 1  # the chunk's own masks are already the step's masks
         cos, sin = inputs.position_embeddings
         outputs, r_out = [], []
         for t in rows:
             r_read = reset_at_starts(r_prev, layout.document_start[:, t])
             token_mask = None if recurrence_mask is None else recurrence_mask[:, t : t + 1]
-            hidden = self._fuse(h_low[:, t : t + 1], r_read[:, None], token_mask)
+            hidden = self._fuse(chunk.h_low[:, t : t + 1], r_read[:, None], token_mask)
             for i in self.middle_layer_indices():
                 hidden = call_block(
                     self.layers[i],
                     hidden,
-                    attention_mask=inputs.masks[i] if decode_step else rows_mask(
-                        inputs.masks[i], slice(t, t + 1), cache, i, offsets[i]
-                    ),
+                    attention_mask=inputs.masks[i] if decode_step else chunk.mask(i, slice(t, t + 1)),
                     position_ids=inputs.position_ids[:, t : t + 1],
-                    past_key_values=cache,
+                    past_key_values=chunk.cache,
                     use_cache=True,
                     position_embeddings=(cos[:, t : t + 1], sin[:, t : t + 1]),
                 )
-                if per_layer is not None:
-                    per_layer[i].append(hidden)
+                chunk.record(i, hidden)
             r_prev = self._write_state(hidden[:, 0], r_read, layout.real[:, t])
             outputs.append(hidden)
             r_out.append(r_prev)
         return torch.cat(outputs, dim=1), torch.stack(r_out, dim=1)
 
     def _settle_span(
-        self,
-        h_low: torch.Tensor,
-        r_prev: torch.Tensor,
-        inputs: LayerInputs,
-        layout: TokenLayout,
-        recurrence_mask: torch.Tensor | None,
-        cache: DynamicCache,
-        offsets: dict[int, int],
-        rows: range,
-        path: ForwardPath,
-        per_layer: dict[int, list[torch.Tensor]] | None = None,
+        self, chunk: "ExactChunk", r_prev: torch.Tensor, rows: range, path: ForwardPath
     ) -> tuple[torch.Tensor, torch.Tensor, int, int]:
         """Tokens `rows` by Jacobi passes over the whole span: a seed pass (no fusion), then fused passes
         until what every token reads moves by at most `fixed_point_tol` between two passes. Each pass
@@ -540,13 +541,13 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
         the sequential step finishes the rest. Returns the outputs, R after each token, the fused passes
         taken and how many tokens the sequential step ran (0: settled)."""
         span = slice(rows.start, rows.stop)
-        size, middle = len(rows), self.middle_layer_indices()
-        h_span, real, starts = h_low[:, span], layout.real[:, span], layout.document_start[:, span]
-        span_mask = None if recurrence_mask is None else recurrence_mask[:, span]
+        size, middle, cache, layout = len(rows), self.middle_layer_indices(), chunk.cache, chunk.layout
+        h_span, real, starts = chunk.h_low[:, span], layout.real[:, span], layout.document_start[:, span]
+        span_mask = None if chunk.recurrence_mask is None else chunk.recurrence_mask[:, span]
         latest_real = latest_real_index(real)
-        masks = {i: rows_mask(inputs.masks[i], span, cache, i, offsets[i]) for i in middle}
-        cos, sin = inputs.position_embeddings
-        position_embeddings, position_ids = (cos[:, span], sin[:, span]), inputs.position_ids[:, span]
+        masks = {i: chunk.mask(i, span) for i in middle}
+        cos, sin = chunk.inputs.position_embeddings
+        position_embeddings, position_ids = (cos[:, span], sin[:, span]), chunk.inputs.position_ids[:, span]
 
         def one_pass(r_read: torch.Tensor, fuse: bool) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
             hidden = self._fuse(h_span, r_read, span_mask) if fuse else h_span
@@ -579,16 +580,13 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
             r_read = r_next
         r_out = gather_states(written, r_prev, latest_real)
         exact = size if settled else passes  # tokens this pass computed exactly (or within the tolerance)
-        if per_layer is not None:
-            for i, hidden in zip(middle, layer_outputs):
-                per_layer[i].append(hidden[:, :exact])
+        for i, hidden in zip(middle, layer_outputs):
+            chunk.record(i, hidden[:, :exact])
         if settled:
             return h_end, r_out, passes, 0
         take_back(size - exact)
         rest = range(rows.start + exact, rows.stop)
-        h_rest, r_rest = self._exact_rows(
-            h_low, r_out[:, exact - 1], inputs, layout, recurrence_mask, cache, offsets, rest, per_layer
-        )
+        h_rest, r_rest = self._exact_rows(chunk, r_out[:, exact - 1], rest)
         return (torch.cat([h_end[:, :exact], h_rest], dim=1), torch.cat([r_out[:, :exact], r_rest], dim=1),
                 passes, len(rest))
 
