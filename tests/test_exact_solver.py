@@ -219,3 +219,19 @@ def test_the_trainer_evaluates_with_the_configured_solver_and_records_what_ran(t
     assert solved["solvers"] == ["fixed_point"] and solved["chunks"] == 3 * solved["forwards"]
     assert 1 <= solved["mean_passes"] <= solved["max_passes"] <= 8
     assert results["fixed_point"]["eval_loss"] == pytest.approx(results["sequential"]["eval_loss"], abs=VALUE_TOL)
+
+
+def test_generate_with_a_fixed_point_prefill_decodes_the_exact_prefills_tokens():
+    from t2mlr.generation.text import GenerationSettings, generate_kwargs
+
+    model = fp32_model(fixed_point_chunk=4)
+    prompt = random_ids(2, 11, seed=11)
+    exact = model.generate(prompt, max_new_tokens=5, do_sample=False, prefill="exact")
+    solved = model.generate(prompt, max_new_tokens=5, do_sample=False, prefill="fixed_point", prefill_tol=SETTLED)
+    assert torch.equal(solved, exact)
+    kwargs = generate_kwargs(model, GenerationSettings(max_new_tokens=2, prefill="fixed_point", prefill_tol=1e-3))
+    assert (kwargs["prefill"], kwargs["prefill_tol"]) == ("fixed_point", 1e-3)
+    with pytest.raises(ValueError, match="apply to prefill='jacobi' only"):
+        model.generate(prompt, max_new_tokens=1, prefill="fixed_point", prefill_depth=4)
+    with pytest.raises(ValueError, match="fixed_point_tol must be a finite number > 0"):
+        model.generate(prompt, max_new_tokens=1, prefill="fixed_point", prefill_tol=0.0)

@@ -26,7 +26,7 @@ from dataclasses import fields
 
 from t2mlr.utils import DTYPES
 
-PREFILL_CHOICES = ("exact", "jacobi")  # t2mlr.model.generation.PREFILL_PATHS; checked again when the model runs
+PREFILL_CHOICES = ("exact", "jacobi", "fixed_point")  # t2mlr.model.generation.PREFILL_PATHS; checked again when the model runs
 COMPILE_CHOICES = ("off", "default", "reduce-overhead", "max-autotune")  # t2mlr.generation.text.COMPILE_MODES
 
 __all__ = ["add_arguments", "register", "run_generate"]
@@ -40,14 +40,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--prefill",
         choices=PREFILL_CHOICES,
         default="exact",
-        help="forward path over the prompt: exact (token by token, the definition) or jacobi (parallel, approximate)",
+        help="forward path over the prompt: exact (token by token, the definition), jacobi (parallel, approximate) "
+        "or fixed_point (the exact values by Jacobi passes settled to --prefill-tol; docs/model.md)",
     )
     parser.add_argument(
         "--prefill-depth", type=int, default=None, help="Jacobi cache iterations (default: the model's d_forward)"
     )
     parser.add_argument(
         "--prefill-tol", type=float, default=None,
-        help="stop the Jacobi iterations once the cache moves by at most this much (max |ΔR|)",
+        help="stop the Jacobi iterations (jacobi, fixed_point) once the cache moves by at most this much (max |ΔR|)",
     )
     parser.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
     parser.add_argument("--temperature", type=float, default=1.0)

@@ -97,6 +97,7 @@ def generate_kwargs(model: PreTrainedModel, settings: GenerationSettings) -> dic
         kwargs["prefill"] = settings.prefill
         if settings.prefill == "jacobi":
             kwargs["prefill_depth"] = settings.prefill_depth
+        if settings.prefill in ("jacobi", "fixed_point"):
             kwargs["prefill_tol"] = settings.prefill_tol
     elif settings.prefill != "exact" or settings.prefill_depth is not None or settings.prefill_tol is not None:
         raise ValueError(f"{type(model).__name__} is not a T²MLR model: it has no Jacobi prefill")

@@ -18,7 +18,7 @@ from transformers import GenerationMixin
 from .cache import T2MLRCache, T2MLRStaticCache
 from .configuration import check_depths, check_jacobi_tol
 
-PREFILL_PATHS = ("exact", "jacobi")
+PREFILL_PATHS = ("exact", "jacobi", "fixed_point")
 JACOBI_ONLY_KWARGS = ("d_forward", "d_backward", "jacobi_tol")
 
 
@@ -98,7 +98,9 @@ class T2MLRGenerationMixin(GenerationMixin):
 
         The prompt and every later token take the config's evaluation path (`eval_recurrence`, exact by
         default) whether the model is in train or eval mode: RL rollouts generate in train mode, and must
-        decode what the model computes. prefill="exact" runs the prompt's middle block token by token;
+        decode what the model computes. prefill="exact" runs the prompt's middle block token by token (or
+        by the config's `exact_solver`); prefill="fixed_point" computes the same by the fixed-point solver
+        (`prefill_tol`: its fixed_point_tol, default the config's; docs/model.md "Solving the exact path");
         prefill="jacobi" runs it in parallel with `prefill_depth` cache iterations (default: the config's
         d_forward), approximate unless prefill_depth >= prompt length; `prefill_tol` stops those
         iterations early once max |ΔR| <= tol (a trained model's cache often converges in a few, so a
@@ -166,10 +168,11 @@ class T2MLRGenerationMixin(GenerationMixin):
 
 def prefill_kwargs(prefill: str | None, depth: int | None, tol: float | None, default_depth: int) -> dict[str, Any]:
     """Forward arguments of the prompt's chunk for a prefill choice (checked here, once)."""
-    if prefill != "jacobi" and (depth is not None or tol is not None):
+    if prefill != "jacobi" and depth is not None or prefill not in ("jacobi", "fixed_point") and tol is not None:
         raise ValueError(
-            "prefill_depth and prefill_tol (--prefill-depth, --prefill-tol) apply to prefill='jacobi' only: "
-            "the exact prefill has no Jacobi iterations, so give them with jacobi only"
+            "prefill_depth and prefill_tol (--prefill-depth, --prefill-tol) apply to prefill='jacobi' only "
+            "(prefill_tol also to 'fixed_point'): the exact prefill has no Jacobi iterations, so give them with "
+            "jacobi only"
         )
     if prefill is None:
         return {}
@@ -177,6 +180,8 @@ def prefill_kwargs(prefill: str | None, depth: int | None, tol: float | None, de
         raise ValueError(f"prefill must be one of {PREFILL_PATHS}, got {prefill!r}")
     if prefill == "exact":
         return {"recurrence": "exact"}
+    if prefill == "fixed_point":  # the exact path by the fixed-point solver (docs/model.md); tol: its fixed_point_tol
+        return {"recurrence": "exact", "exact_solver": "fixed_point", "fixed_point_tol": tol}
     depth = default_depth if depth is None else depth
     check_depths(depth, 1)
     check_jacobi_tol(tol, "prefill_tol")
