@@ -32,6 +32,7 @@ AS_WRITTEN = [
     't2mlr generate runs/debug/final --prompt "t3 t17 t5" --max-new-tokens 16',
     't2mlr generate runs/debug/final --prompt "t3 t17 t5" --prefill jacobi --prefill-depth 8 --do-sample --top-p 0.9',
     't2mlr generate runs/debug/final --prompt "t3 t17 t5" --prefill jacobi --prefill-depth 16 --prefill-tol 1e-3',
+    't2mlr generate runs/debug/final --prompt "t3 t17 t5" --prefill fixed_point --prefill-tol 1e-4',
     't2mlr generate runs/debug/final --prompt "t3 t17 t5" --max-new-tokens 16 --compile default',
     "t2mlr experiment s5-retrieval --preset tiny --out runs/s5_lr optim.lr=1e-3 model.d_forward=8 --workers 1",
     "t2mlr experiment finetune variable-assignment --preset tiny --out runs/ft_lr task.eval_size=6 train.max_steps=3",
