@@ -13,7 +13,7 @@ import torch
 from conftest import open_gates, tiny_base_config
 from transformers import LlamaForCausalLM
 
-from t2mlr import T2MLRForCausalLM
+from t2mlr import T2MLRConfig, T2MLRForCausalLM
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -189,3 +189,29 @@ def test_explain_reports_a_graph_break() -> None:
 
     report = script.explain("branch on a value", step)
     assert report["breaks"] >= 1 and report["graphs"] >= 2
+
+
+def test_exact_solver_benchmark_runs_on_a_random_shape_and_a_checkpoint(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """The random 12x256 model, then a saved model reading a task's packed rows: each solver's row with
+    its passes, and the logits within the tolerance's order of the loop's."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    script = load_script("exact_solver")
+    model = T2MLRForCausalLM(T2MLRConfig.from_base(tiny_base_config(vocab_size=16), l_start=2, l_end=3))
+    words = [f"w{i}" for i in range(16)]
+    backend = Tokenizer(models.WordLevel({word: i for i, word in enumerate(words)}, unk_token="w0"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    model.save_pretrained(tmp_path / "model")
+    PreTrainedTokenizerFast(tokenizer_object=backend).save_pretrained(tmp_path / "model")
+    rows = tmp_path / "eval.jsonl"
+    rows.write_text("\n".join(json.dumps({"input_tokens": words[i: i + 9]}) for i in range(6)))
+    out = tmp_path / "solver.json"
+    script.main(["--shapes", "12x256", "--checkpoint", str(tmp_path / "model"), "--rows", str(rows), "--tokens", "24",
+                 "--rounds", "1", "--chunk", "8", "--json", str(out)])
+    table = table_rows(capsys.readouterr().out)
+    assert [row[2] for row in table] == ["sequential", "fixed_point", "auto"] * 2
+    assert all(float(row[-1]) < 1e-3 for row in table)
+    cases = json.loads(out.read_text())["cases"]
+    assert cases[str(tmp_path / "model")]["fixed_point"]["chunks"] == 3  # 24 tokens in spans of 8
