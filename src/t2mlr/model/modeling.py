@@ -43,7 +43,7 @@ from . import checks
 from .cache import T2MLRCache, T2MLRStaticCache
 from .configuration import ForwardPath, T2MLRConfig
 from .fixed_point import FixedPointBackward
-from .fusion import CacheNorm, GatedFusion
+from .fusion import CacheNorm, Fusion, build_fusion, check_retrofit_fusion
 from .generation import T2MLRGenerationMixin
 from .layout import (
     LayerInputs,
@@ -101,9 +101,10 @@ class T2MLRPreTrainedModel(RunsBaseDecoder, PreTrainedModel):
     _supports_context_parallel = False
 
     def _init_weights(self, module: nn.Module) -> None:
-        """The fusion's linears ~ N(0, initializer_range × gate_init_scale) with γ = 0, the cache norm's gain
-        1; every other module as transformers initialises the base decoder's (its config's range)."""
-        if isinstance(module, GatedFusion):
+        """The fusion's linears ~ N(0, initializer_range × gate_init_scale) with γ = 0 (each variant's own
+        start, `Fusion.reset_parameters`), the cache norm's gain 1; every other module as transformers
+        initialises the base decoder's (its config's range)."""
+        if isinstance(module, Fusion):
             std = getattr(self.config.base_config, "initializer_range", 0.02) * self.config.gate_init_scale
             module.reset_parameters(std)
         elif isinstance(module, CacheNorm):
@@ -131,7 +132,7 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
         super().__init__(config)
         self.adopt_decoder_parts(decoder)
         d = config.hidden_size
-        self.fusion = GatedFusion(d)
+        self.fusion = build_fusion(config)
         self.cache_norm = CacheNorm(d, getattr(config.base_config, "rms_norm_eps", 1e-6)) if config.cache_residual else None
         self.post_init()
         follow_placement(self.embed_tokens.weight, (self.fusion, self.cache_norm))
@@ -507,6 +508,7 @@ class T2MLRForCausalLM(LMHeadOverBackbone, T2MLRPreTrainedModel, T2MLRGeneration
         elif load_kwargs or gguf_file:
             raise ValueError("load_kwargs and gguf_file apply only when `base` is a hub id or path")
         config = T2MLRConfig.from_base(base.config, l_start=l_start, l_end=l_end, **config_kwargs)
+        check_retrofit_fusion(config)
         return cls(config, base_model=base).train(base.training)
 
     def save_pretrained(self, save_directory: str | Path, *args: Any, **kwargs: Any) -> None:
@@ -516,8 +518,8 @@ class T2MLRForCausalLM(LMHeadOverBackbone, T2MLRPreTrainedModel, T2MLRGeneration
         write_remote_code_modules(save_directory)
 
     @property
-    def fusion(self) -> GatedFusion:
-        """The fusion Φ (its gates `fusion.gamma_cur`, `fusion.gamma_rec`), which lives in the backbone."""
+    def fusion(self) -> Fusion:
+        """The fusion Φ (the paper's: gates `fusion.gamma_cur`, `fusion.gamma_rec`), which lives in the backbone."""
         return self.model.fusion
 
     @can_return_tuple
