@@ -71,6 +71,11 @@ class Fusion(nn.Module):
     def __init__(self, hidden_size: int, r_norm_eps: float | None = None) -> None:
         super().__init__()
         self.r_norm = CacheNorm(hidden_size, r_norm_eps) if r_norm_eps is not None else None
+        # transformers skips `_init_weights` of a custom-code model's module whose own parameters are all marked
+        # initialised, which a Φ without parameters of its own (only submodules) always looks like: this empty,
+        # unsaved buffer is never marked, so every Φ gets its own start. (`reset_parameters` uses only the
+        # `nn.init` functions transformers guards, so it leaves loaded weights alone.)
+        self.register_buffer("init_marker", torch.empty(0), persistent=False)
 
     def read(self, r: torch.Tensor) -> torch.Tensor:
         """R as the fusion sees it: normalised when the config asks for `fusion_r_norm`."""
@@ -84,7 +89,8 @@ class Fusion(nn.Module):
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.LayerNorm):
-                module.reset_parameters()
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
         for name in self.gate_names:
             nn.init.zeros_(getattr(self, name))
         if self.r_norm is not None:
@@ -138,13 +144,12 @@ class NoFusion(Fusion):
 class ConstantFusion(Fusion):
     """h + c·W_rec r with a fixed scalar c (`fusion_weight`); not the identity at init unless c = 0."""
 
-    starts_as_base_model = False  # the class's answer; an instance with c = 0 says True
+    starts_as_base_model = False  # unless c = 0 (`starts_as_base_model`)
 
     def __init__(self, hidden_size: int, weight: float, r_norm_eps: float | None = None) -> None:
         super().__init__(hidden_size, r_norm_eps)
         self.w_rec = nn.Linear(hidden_size, hidden_size, bias=False)
         self.scale = float(weight)
-        self.starts_as_base_model = self.scale == 0.0
 
     def forward(self, h: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
         return h + self.scale * self.w_rec(self.read(r))
@@ -159,10 +164,7 @@ class ConcatFusion(Fusion):
 
     def reset_parameters(self, std: float) -> None:
         super().reset_parameters(std)
-        d = self.proj.out_features
-        with torch.no_grad():
-            self.proj.weight.zero_()
-            self.proj.weight[:, :d].copy_(torch.eye(d))
+        nn.init.eye_(self.proj.weight)  # a (d, 2d) "identity": [I | 0]
 
     def forward(self, h: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
         return self.proj(torch.cat([h, self.read(r)], dim=-1))
@@ -286,13 +288,18 @@ def built_on_meta(config: Any) -> Fusion:
         return build_fusion(config)
 
 
-def check_retrofit_fusion(config: Any) -> None:
+def starts_as_base_model(fusion: str, weight: float) -> bool:
+    """Whether a fresh Φ of this variant (and `fusion_weight`) is the identity in h."""
+    return FUSIONS[fusion].starts_as_base_model or (fusion == "constant" and weight == 0)
+
+
+def check_retrofit_fusion(fusion: str, weight: float = 0.0) -> None:
     """A retrofit promises the base model's outputs until training opens the fusion; a Φ that is not the
     identity when fresh would break that promise from step 0, so it is refused before anything is built."""
-    if not built_on_meta(config).starts_as_base_model:
+    if fusion in FUSIONS and not starts_as_base_model(fusion, weight):
         starts = [name for name, kind in FUSIONS.items() if kind.starts_as_base_model] + ["constant with fusion_weight=0"]
         raise ValueError(
-            f"fusion={config.fusion!r} is not the identity when fresh, so a retrofit would not start as its base "
-            f"model: retrofit with one that is ({', '.join(starts)}), or build the model from its config and train "
-            "it from there (T2MLRForCausalLM(T2MLRConfig.from_base(...)))"
+            f"fusion={fusion!r} is not the identity when fresh, so a retrofit would not start as its base model: "
+            f"retrofit with one that is ({', '.join(starts)}), or train the variant from scratch (model.base, or "
+            "T2MLRForCausalLM(T2MLRConfig.from_base(...)))"
         )

@@ -508,7 +508,7 @@ class T2MLRForCausalLM(LMHeadOverBackbone, T2MLRPreTrainedModel, T2MLRGeneration
         elif load_kwargs or gguf_file:
             raise ValueError("load_kwargs and gguf_file apply only when `base` is a hub id or path")
         config = T2MLRConfig.from_base(base.config, l_start=l_start, l_end=l_end, **config_kwargs)
-        check_retrofit_fusion(config)
+        check_retrofit_fusion(config.fusion, config.fusion_weight)
         return cls(config, base_model=base).train(base.training)
 
     def save_pretrained(self, save_directory: str | Path, *args: Any, **kwargs: Any) -> None:

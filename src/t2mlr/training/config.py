@@ -775,6 +775,8 @@ def _validate_model(m: ModelConfig) -> None:
             get_architecture(m.arch).check(base_config, m.settings)
         except ValueError as err:
             raise ConfigError(f"model: {err}") from err
+    if m.pretrained is not None and m.arch == "t2mlr":
+        _check_retrofit_fusion(m.settings)
     if m.d_forward_sampling is not None:
         _validate_depth_sampling(m)
     refusal = checkpointing_refusal(m.arch, m.settings) if m.activation_checkpointing else None
@@ -783,6 +785,18 @@ def _validate_model(m: ModelConfig) -> None:
             f"model.activation_checkpointing checkpoints the blocks a model runs several times per step (T²MLR's "
             f"middle block, a looped model's looped blocks); model.arch {m.arch!r} refuses it: {refusal}"
         )
+
+
+def _check_retrofit_fusion(settings: dict[str, Any]) -> None:
+    """model.pretrained retrofits T²MLR around a trained model, which must start as that model: a fusion
+    variant that is not the identity when fresh is refused here, before anything is loaded."""
+    from t2mlr.model.configuration import DEFAULT_FUSION_WEIGHT
+    from t2mlr.model.fusion import check_retrofit_fusion
+
+    try:
+        check_retrofit_fusion(settings.get("fusion", "gated"), settings.get("fusion_weight", DEFAULT_FUSION_WEIGHT))
+    except ValueError as err:
+        raise ConfigError(f"model.pretrained with model.fusion: {err}") from err
 
 
 def _validate_depth_sampling(m: ModelConfig) -> None:

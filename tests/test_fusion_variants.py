@@ -1,0 +1,277 @@
+"""The fusion variants beside the paper's gated Φ (`T2MLRConfig.fusion`, `t2mlr.model.fusion`).
+
+Each variant is checked against its formula written out by hand (float64 matrix products from its own
+weights), then on every path of a small float32 model whose fusion weights are all drawn at random (so Φ
+is far from the identity): exact == Jacobi at depth T+1, decode with the cache == the full forward,
+`generate`'s step logits == a full forward over its tokens, and a save/load round trip. The default
+stays the paper's Φ with its checkpoint keys; a retrofit with a variant that is not the identity when
+fresh is refused, one that is keeps the base model's logits.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import random_ids, tiny_base_config
+from torch.nn import functional as F
+
+from t2mlr import T2MLRConfig, T2MLRForCausalLM
+from t2mlr.baselines.costs import DecoderShape, train_step_flops
+from t2mlr.baselines.matching import t2mlr_parameter_count
+from t2mlr.model.configuration import FUSION_KINDS
+from t2mlr.model.fusion import FUSIONS, GatedFusion, build_fusion, fusion_multiply_adds
+from t2mlr.training.config import ConfigError, load_config
+from t2mlr.training.model_factory import gate_values
+from t2mlr.training.sizing import fusion_token_bytes
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+EPS = 1e-6
+# every variant, plus the settings that change a variant's maths (gate projection, R norm)
+VARIANTS = [
+    {"fusion": "gated"},
+    {"fusion": "gated", "fusion_gate": "mlp", "fusion_r_norm": True},
+    {"fusion": "none"},
+    {"fusion": "constant", "fusion_weight": 0.7},
+    {"fusion": "concat", "fusion_r_norm": True},
+    {"fusion": "variance_normalized"},
+    {"fusion": "variance_normalized", "fusion_gate": "mlp"},
+    {"fusion": "alpha_coupled", "fusion_r_norm": True},
+    {"fusion": "recurrent_only"},
+    {"fusion": "bottleneck", "fusion_bottleneck": 5},
+]
+IDS = [",".join([v["fusion"], *(f"{k.removeprefix('fusion_')}={x}" for k, x in v.items() if k != "fusion")]) for v in VARIANTS]
+
+
+def config_of(hidden: int = 32, **fields) -> T2MLRConfig:
+    return T2MLRConfig.from_base(tiny_base_config(hidden=hidden, rms_norm_eps=EPS), l_start=2, l_end=4, **fields)
+
+
+def randomise(fusion: torch.nn.Module, seed: int = 3) -> None:
+    """Every weight of Φ drawn at random (γ's and gains included), so no branch is closed."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in fusion.parameters():
+            param.copy_(torch.randn(param.shape, generator=generator, dtype=torch.float64) * 0.4 + (param.ndim < 2) * 0.5)
+
+
+# ---------------------------------------------------------------------------------------------- by hand
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    return x @ weight.T + (0 if bias is None else bias)
+
+
+def gate_logits(p: dict[str, torch.Tensor], name: str, x: torch.Tensor, mlp: bool) -> torch.Tensor:
+    if not mlp:
+        return linear(x, p[f"{name}.weight"], p[f"{name}.bias"])
+    hidden = linear(x, p[f"{name}.0.weight"], p[f"{name}.0.bias"])
+    return linear(hidden * torch.sigmoid(hidden), p[f"{name}.2.weight"], p[f"{name}.2.bias"])
+
+
+def by_hand(variant: dict, p: dict[str, torch.Tensor], h: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """The documented formula of each variant (docs/model.md), from the module's own weights."""
+    kind, mlp = variant["fusion"], variant.get("fusion_gate") == "mlp"
+    empty = (r == 0).all(-1, keepdim=True)
+    if variant.get("fusion_r_norm"):
+        r = r / torch.sqrt((r * r).mean(-1, keepdim=True) + EPS) * p["r_norm.weight"]
+    hr = torch.cat([h, r], -1)
+    if kind == "gated":
+        cur = torch.sigmoid(gate_logits(p, "f_cur", hr, mlp)) * h
+        rec = torch.sigmoid(gate_logits(p, "f_rec", hr, mlp)) * linear(r, p["w_rec.weight"])
+        return h + math.tanh(p["gamma_cur"]) * cur + math.tanh(p["gamma_rec"]) * rec
+    if kind == "none":
+        return h
+    if kind == "constant":
+        return h + variant["fusion_weight"] * linear(r, p["w_rec.weight"])
+    if kind == "concat":
+        return linear(hr, p["proj.weight"])
+    if kind in ("variance_normalized", "alpha_coupled"):
+        alpha = torch.sigmoid(gate_logits(p, "f_alpha", hr, mlp))
+        w_in, w_rec = (torch.sqrt(1 - alpha), torch.sqrt(alpha)) if kind == "variance_normalized" else (1 - alpha, alpha)
+        return w_in * h + w_rec * linear(r, p["w_rec.weight"])
+    if kind == "recurrent_only":
+        return torch.where(empty, h, linear(r, p["w_rec.weight"]))
+    assert kind == "bottleneck"
+    z = linear(F.gelu(linear(r, p["w_down.weight"])), p["w_up.weight"])
+    z = (z - z.mean(-1, keepdim=True)) / torch.sqrt(z.var(-1, unbiased=False, keepdim=True) + EPS)
+    return h + math.tanh(p["gamma_rec"]) * (z * p["norm.weight"] + p["norm.bias"])
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=IDS)
+def test_each_variant_computes_its_formula(variant: dict) -> None:
+    fusion = build_fusion(config_of(hidden=8, **variant)).double()
+    randomise(fusion)
+    generator = torch.Generator().manual_seed(5)
+    h = torch.randn(2, 3, 8, generator=generator, dtype=torch.float64)
+    r = torch.randn(2, 3, 8, generator=generator, dtype=torch.float64)
+    r[1, 0] = 0  # a document's first token: R is the zero state
+    params = {name: value.detach() for name, value in fusion.named_parameters()}
+    expected = by_hand(variant, {k: (float(v) if v.ndim == 0 else v) for k, v in params.items()}, h, r)
+    torch.testing.assert_close(fusion(h, r), expected, rtol=1e-10, atol=1e-10)
+    if variant["fusion"] == "recurrent_only":  # the zero state keeps the token's own h, any other drops it
+        assert torch.equal(fusion(h, r)[1, 0], h[1, 0]) and not torch.allclose(fusion(h, r)[0, 0], h[0, 0])
+
+
+def test_every_variant_name_has_its_class_and_the_default_is_the_papers() -> None:
+    assert set(FUSIONS) == set(FUSION_KINDS)
+    config = config_of()
+    assert config.fusion == "gated" and isinstance(build_fusion(config), GatedFusion)
+    keys = set(T2MLRForCausalLM(config).state_dict())
+    assert {k for k in keys if ".fusion." in k} == {
+        f"model.fusion.{name}" for name in ("f_cur.weight", "f_cur.bias", "f_rec.weight", "f_rec.bias", "w_rec.weight",
+                                            "gamma_cur", "gamma_rec")}
+
+
+# ---------------------------------------------------------------------------------------------- paths
+
+
+def random_model(variant: dict) -> T2MLRForCausalLM:
+    torch.manual_seed(0)
+    model = T2MLRForCausalLM(config_of(**variant)).float().eval()
+    randomise(model.fusion)
+    return model
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=IDS)
+def test_every_path_agrees_for_each_variant(variant: dict, tmp_path: Path) -> None:
+    model = random_model(variant)
+    ids = random_ids(2, 9)
+    length = ids.shape[1]
+    with torch.no_grad():
+        exact = model(ids, recurrence="exact").logits
+        jacobi = model(ids, recurrence="jacobi", d_forward=length + 1, d_backward=1).logits
+        torch.testing.assert_close(jacobi, exact, rtol=1e-4, atol=1e-4)
+        if variant["fusion"] != "none":  # R reaches the logits
+            assert (model(ids, recurrence="off").logits - exact).abs().max() > 1e-2
+
+        prompt = model(ids[:, :4], recurrence="exact", use_cache=True)
+        steps, cache = [prompt.logits], prompt.past_key_values
+        for t in range(4, length):
+            out = model(ids[:, t : t + 1], past_key_values=cache, use_cache=True)
+            steps.append(out.logits)
+            cache = out.past_key_values
+        torch.testing.assert_close(torch.cat(steps, dim=1), exact, rtol=1e-4, atol=1e-4)
+
+        generated = model.generate(ids[:, :5], max_new_tokens=4, do_sample=False, output_logits=True,
+                                   return_dict_in_generate=True, pad_token_id=0)
+        full = model(generated.sequences, recurrence="exact").logits
+        torch.testing.assert_close(torch.stack(generated.logits, dim=1), full[:, 4:-1], rtol=1e-4, atol=1e-4)
+
+    model.save_pretrained(tmp_path)
+    loaded = T2MLRForCausalLM.from_pretrained(tmp_path).eval()
+    assert loaded.config.fusion == variant["fusion"] and type(loaded.fusion) is type(model.fusion)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids, recurrence="exact").logits, exact, rtol=0, atol=0)
+    saved_fusion = (tmp_path / "fusion.py").read_text()
+    assert all(f"class {kind.__name__}(" in saved_fusion for kind in FUSIONS.values())  # the remote-code copy
+
+
+def test_the_variants_train_on_the_jacobi_path() -> None:
+    """Gradients reach every fusion parameter through the Jacobi path (the trainer's default)."""
+    for variant in VARIANTS:
+        if variant["fusion"] == "none":
+            continue
+        model = random_model(variant).train()
+        ids = random_ids(2, 6)
+        model(ids, labels=ids, recurrence="jacobi", d_forward=3, d_backward=2).loss.backward()
+        for name, param in model.fusion.named_parameters():
+            assert param.grad is not None and param.grad.abs().sum() > 0, (variant, name)
+
+
+# ---------------------------------------------------------------------------------------------- retrofit
+
+
+@pytest.mark.parametrize("fusion", ["gated", "none", "concat", "bottleneck"])
+def test_a_retrofit_with_an_identity_variant_keeps_the_base_models_logits(fusion: str) -> None:
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    base = LlamaForCausalLM(tiny_base_config()).eval()
+    ids = random_ids(2, 7)
+    with torch.no_grad():
+        expected = base(ids).logits
+        model = T2MLRForCausalLM.from_base(base, 2, 4, fusion=fusion)
+        torch.testing.assert_close(model(ids, recurrence="exact").logits, expected, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("fields", [{"fusion": "recurrent_only"}, {"fusion": "alpha_coupled"},
+                                    {"fusion": "variance_normalized"}, {"fusion": "constant"}])
+def test_a_retrofit_with_a_variant_that_is_not_the_identity_is_refused(fields: dict) -> None:
+    from transformers import LlamaForCausalLM
+
+    base = LlamaForCausalLM(tiny_base_config())
+    with pytest.raises(ValueError, match="not the identity when fresh.*retrofit with one that is"):
+        T2MLRForCausalLM.from_base(base, 2, 4, **fields)
+    T2MLRForCausalLM.from_base(base, 2, 4, fusion="constant", fusion_weight=0.0)  # c = 0 is the identity
+
+
+# ---------------------------------------------------------------------------------------------- config language
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"fusion": "gatd"}, "unknown fusion 'gatd'. Did you mean 'gated'.*Valid: gated, none, constant"),
+    ({"fusion_gate": "conv"}, "fusion_gate must be one of"),
+    ({"fusion": "concat", "fusion_gate": "mlp"}, "fusion='concat' has none: leave fusion_gate='linear'"),
+    ({"fusion": "none", "fusion_r_norm": True}, "does not read R"),
+    ({"fusion_r_norm": 1}, "fusion_r_norm must be a bool"),
+    ({"fusion_weight": 0.5}, "fusion_weight is the fixed c of fusion='constant'"),
+    ({"fusion": "constant", "fusion_weight": float("nan")}, "fusion_weight must be a finite number"),
+    ({"fusion_bottleneck": 4}, "fusion_bottleneck is the width of fusion='bottleneck'"),
+    ({"fusion": "bottleneck", "fusion_bottleneck": 0}, "fusion_bottleneck must be >= 1"),
+])
+def test_bad_fusion_settings_are_refused_with_the_fix(fields: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        config_of(**fields)
+
+
+def test_the_trainer_spells_the_variant_and_refuses_a_misspelt_one() -> None:
+    config = load_config("debug", ["model.fusion=alpha_coupled", "model.fusion_gate=mlp", "model.fusion_r_norm=true"])
+    assert config.model.settings["fusion"] == "alpha_coupled"
+    with pytest.raises(ConfigError, match="model.fusion: must be one of .*'alpha_coupled'.*got 'alpha_couple'"):
+        load_config("debug", ["model.fusion=alpha_couple"])
+
+
+def test_the_trainer_refuses_a_retrofit_with_a_variant_that_is_not_the_identity() -> None:
+    overrides = ["model.base=null", "model.pretrained=some/model", "model.fusion=recurrent_only"]
+    with pytest.raises(ConfigError, match="model.pretrained with model.fusion: fusion='recurrent_only'"):
+        load_config("debug", overrides)
+
+
+def test_the_dry_run_sizes_a_variant(capsys: pytest.CaptureFixture) -> None:
+    from t2mlr.cli import main as cli_main
+
+    code = cli_main(["train", "debug", "--dry-run", "--gpu", "h100", "model.fusion=bottleneck"])
+    assert code == 0, capsys.readouterr().err
+    assert "parameters" in capsys.readouterr().out
+    assert cli_main(["train", "debug", "--dry-run", "--gpu", "h100", "model.fusion=bottlenek"]) == 2
+
+
+# ---------------------------------------------------------------------------------------------- readers
+
+
+def test_flops_parameters_and_activations_follow_the_variant() -> None:
+    d = 32
+    counts = {name: fusion_multiply_adds(config_of(**fields)) for name, fields in zip(IDS, VARIANTS)}
+    assert counts["gated"] == 5 * d * d and counts["none"] == 0 and counts["concat,r_norm=True"] == 2 * d * d
+    assert counts["gated,gate=mlp,r_norm=True"] == 2 * (2 * d * d + d * d) + d * d
+    assert counts["bottleneck,bottleneck=5"] == 2 * d * 5
+    gated, none = config_of(), config_of(fusion="none")
+    assert DecoderShape.of(gated).fusion(7) == 10 * 7 * d * d  # the paper's Φ, as before
+    fused_passes = gated.d_forward + 2 * (gated.d_backward + 1)  # forward fusions; twice the gradient-carrying ones
+    assert train_step_flops(gated, 16) - train_step_flops(none, 16) == pytest.approx(fused_passes * 10 * 16 * d * d)
+    base_count = t2mlr_parameter_count(none)
+    assert t2mlr_parameter_count(gated) - base_count == 5 * d * d + 2 * d + 2  # f_cur, f_rec, W_rec, biases, γ's
+    for fields in VARIANTS:
+        assert fusion_token_bytes(config_of(**fields), 4) > 0
+
+
+def test_the_gates_are_read_where_a_variant_has_them() -> None:
+    assert set(gate_values(random_model({"fusion": "gated"}))) == {"gamma_cur", "gamma_rec"}
+    assert set(gate_values(random_model({"fusion": "bottleneck"}))) == {"gamma_rec"}
+    assert gate_values(random_model({"fusion": "concat"})) == {}
+    model = random_model({"fusion": "bottleneck"}).to(torch.bfloat16)
+    assert model.fusion.gamma_rec.dtype == torch.float32  # kept wide, as the paper's γ's
