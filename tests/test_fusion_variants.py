@@ -21,8 +21,8 @@ from torch.nn import functional as F
 from t2mlr import T2MLRConfig, T2MLRForCausalLM
 from t2mlr.baselines.costs import DecoderShape, train_step_flops
 from t2mlr.baselines.matching import t2mlr_parameter_count
-from t2mlr.model.configuration import FUSION_KINDS
-from t2mlr.model.fusion import FUSIONS, GatedFusion, build_fusion, fusion_multiply_adds
+from t2mlr.model.configuration import FUSION_KINDS, GATE_PROJECTED_FUSIONS
+from t2mlr.model.fusion import FUSIONS, GATE_PROJECTED, GatedFusion, build_fusion, fusion_multiply_adds
 from t2mlr.training.config import ConfigError, load_config
 from t2mlr.training.model_factory import gate_values
 from t2mlr.training.sizing import fusion_token_bytes
@@ -118,6 +118,7 @@ def test_each_variant_computes_its_formula(variant: dict) -> None:
 
 def test_every_variant_name_has_its_class_and_the_default_is_the_papers() -> None:
     assert set(FUSIONS) == set(FUSION_KINDS)
+    assert {name for name, kind in FUSIONS.items() if issubclass(kind, GATE_PROJECTED)} == set(GATE_PROJECTED_FUSIONS)
     config = config_of()
     assert config.fusion == "gated" and isinstance(build_fusion(config), GatedFusion)
     keys = set(T2MLRForCausalLM(config).state_dict())
@@ -275,3 +276,44 @@ def test_the_gates_are_read_where_a_variant_has_them() -> None:
     assert gate_values(random_model({"fusion": "concat"})) == {}
     model = random_model({"fusion": "bottleneck"}).to(torch.bfloat16)
     assert model.fusion.gamma_rec.dtype == torch.float32  # kept wide, as the paper's γ's
+
+
+REMOTE_LOAD = """
+import sys, torch
+from transformers import AutoModelForCausalLM
+torch.set_num_threads(1)
+ids = torch.load(IDS)
+logits = {}
+for name in NAMES:
+    model = AutoModelForCausalLM.from_pretrained(f"{SAVED}/{name}", trust_remote_code=True).eval()
+    with torch.no_grad():
+        logits[name] = (model(ids, recurrence="exact").logits, model(ids, recurrence="jacobi", d_forward=8).logits)
+assert "t2mlr" not in sys.modules
+torch.save(logits, OUT)
+"""
+
+
+def test_the_remote_code_copy_computes_each_variant_without_t2mlr(tmp_path: Path) -> None:
+    """A saved variant loads with `trust_remote_code=True` where t2mlr is not installed, and computes the
+    library's logits (the copy of `t2mlr.model.fusion` carries every variant)."""
+    from test_model_remote_code import environment_without_t2mlr, run_isolated
+
+    python = environment_without_t2mlr(tmp_path / "env")
+    variants = {name: fields for name, fields in zip(IDS, VARIANTS) if fields["fusion"] != "gated"}
+    ids = random_ids(2, 7)
+    torch.save(ids, tmp_path / "ids.pt")
+    expected = {}
+    for name, fields in variants.items():
+        model = random_model(fields)
+        model.save_pretrained(tmp_path / "saved" / name)
+        with torch.no_grad():
+            expected[name] = model(ids, recurrence="exact").logits
+    settings = {"SAVED": str(tmp_path / "saved"), "IDS": str(tmp_path / "ids.pt"), "OUT": str(tmp_path / "out.pt"),
+                "NAMES": list(variants)}
+    done = run_isolated(python, "\n".join(f"{k} = {v!r}" for k, v in settings.items()) + REMOTE_LOAD, tmp_path)
+    assert done.returncode == 0, done.stderr[-4000:]
+    got = torch.load(tmp_path / "out.pt")
+    for name, logits in expected.items():
+        exact, jacobi = got[name]
+        torch.testing.assert_close(exact, logits, rtol=0, atol=1e-5, msg=name)
+        torch.testing.assert_close(jacobi, logits, rtol=1e-4, atol=1e-4, msg=name)

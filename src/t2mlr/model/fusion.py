@@ -32,8 +32,6 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from .configuration import GATE_PROJECTED_FUSIONS
-
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 ALPHA_EPS = 1e-4  # α is kept in [ε, 1−ε] so that √α and √(1−α) have finite gradients
 
@@ -252,6 +250,8 @@ FUSIONS: dict[str, type[Fusion]] = {
     "bottleneck": BottleneckFusion,
 }
 
+GATE_PROJECTED = (GatedFusion, AlphaFusion)  # the variants whose gate projection `fusion_gate` shapes
+
 
 def build_fusion(config: Any) -> Fusion:
     """The Φ a T²MLR config names (`fusion`, `fusion_gate`, `fusion_r_norm`, `fusion_weight`,
@@ -261,7 +261,7 @@ def build_fusion(config: Any) -> Fusion:
     r_norm_eps = eps if getattr(config, "fusion_r_norm", False) else None
     kind = getattr(config, "fusion", "gated")
     gate = getattr(config, "fusion_gate", "linear")
-    if kind in GATE_PROJECTED_FUSIONS:
+    if issubclass(FUSIONS[kind], GATE_PROJECTED):
         return FUSIONS[kind](d, gate=gate, r_norm_eps=r_norm_eps)
     if kind == "constant":
         return ConstantFusion(d, config.fusion_weight, r_norm_eps=r_norm_eps)
