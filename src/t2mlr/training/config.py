@@ -131,7 +131,8 @@ class ModelConfig:
     training step. Every other key of the YAML `model:` section is a setting of the architecture, declared
     by its config class (for `t2mlr`: the `T2MLRConfig` fields l_start, l_end, d_forward, d_backward,
     jacobi_tol, train_recurrence, eval_recurrence, cache_residual, gate_init_scale,
-    recurrence_mask_policy); `settings` holds all of them, defaults filled in.
+    recurrence_mask_policy, the fusion variant's fusion, fusion_gate, fusion_r_norm, fusion_weight,
+    fusion_bottleneck, ...); `settings` holds all of them, defaults filled in.
     """
 
     arch: str = "t2mlr"
