@@ -43,7 +43,21 @@ VARIANTS = [
     {"fusion": "recurrent_only"},
     {"fusion": "bottleneck", "fusion_bottleneck": 5},
 ]
-IDS = [",".join([v["fusion"], *(f"{k.removeprefix('fusion_')}={x}" for k, x in v.items() if k != "fusion")]) for v in VARIANTS]
+# the cache-update variants (`StateUpdate`), around the paper's Φ
+CACHE_VARIANTS = [
+    {"cache_residual_weight": 0.5},
+    {"cache_residual_weight": -0.7, "cache_post_norm": False},
+    {"cache_residual_detach": True},
+    {"state_detach": True},
+    {"cache_residual": False},
+]
+
+
+def variant_id(v: dict) -> str:
+    return ",".join([v.get("fusion", "gated"), *(f"{k.removeprefix('fusion_')}={x}" for k, x in v.items() if k != "fusion")])
+
+
+IDS = [variant_id(v) for v in VARIANTS]
 
 
 def config_of(hidden: int = 32, **fields) -> T2MLRConfig:
@@ -137,7 +151,7 @@ def random_model(variant: dict) -> T2MLRForCausalLM:
     return model
 
 
-@pytest.mark.parametrize("variant", VARIANTS, ids=IDS)
+@pytest.mark.parametrize("variant", VARIANTS + CACHE_VARIANTS, ids=[variant_id(v) for v in VARIANTS + CACHE_VARIANTS])
 def test_every_path_agrees_for_each_variant(variant: dict, tmp_path: Path) -> None:
     model = random_model(variant)
     ids = random_ids(2, 9)
@@ -146,7 +160,7 @@ def test_every_path_agrees_for_each_variant(variant: dict, tmp_path: Path) -> No
         exact = model(ids, recurrence="exact").logits
         jacobi = model(ids, recurrence="jacobi", d_forward=length + 1, d_backward=1).logits
         torch.testing.assert_close(jacobi, exact, rtol=1e-4, atol=1e-4)
-        if variant["fusion"] != "none":  # R reaches the logits
+        if variant.get("fusion") != "none":  # R reaches the logits
             assert (model(ids, recurrence="off").logits - exact).abs().max() > 1e-2
 
         prompt = model(ids[:, :4], recurrence="exact", use_cache=True)
@@ -164,7 +178,8 @@ def test_every_path_agrees_for_each_variant(variant: dict, tmp_path: Path) -> No
 
     model.save_pretrained(tmp_path)
     loaded = T2MLRForCausalLM.from_pretrained(tmp_path).eval()
-    assert loaded.config.fusion == variant["fusion"] and type(loaded.fusion) is type(model.fusion)
+    assert all(getattr(loaded.config, key) == value for key, value in variant.items())
+    assert type(loaded.fusion) is type(model.fusion) and loaded.model.state_update == model.model.state_update
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids, recurrence="exact").logits, exact, rtol=0, atol=0)
     saved_fusion = (tmp_path / "fusion.py").read_text()
@@ -317,3 +332,74 @@ def test_the_remote_code_copy_computes_each_variant_without_t2mlr(tmp_path: Path
         exact, jacobi = got[name]
         torch.testing.assert_close(exact, logits, rtol=0, atol=1e-5, msg=name)
         torch.testing.assert_close(jacobi, logits, rtol=1e-4, atol=1e-4, msg=name)
+
+
+# ---------------------------------------------------------------------------------------------- cache update
+
+
+def rms_normed(x: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:
+    return x / torch.sqrt((x * x).mean(-1, keepdim=True) + EPS) * gain
+
+
+@pytest.mark.parametrize("fields", CACHE_VARIANTS, ids=[variant_id(v) for v in CACHE_VARIANTS])
+def test_each_cache_update_writes_its_formula(fields: dict) -> None:
+    """R_t = RMSNorm(h_t + w·R_{t-1}) (or without the norm, or h_t alone), with the gradient each detach
+    leaves: checked on the model's own `_write_state` against the formula by hand."""
+    model = T2MLRForCausalLM(config_of(**fields)).double()
+    backbone = model.model
+    if backbone.cache_norm is not None:
+        with torch.no_grad():
+            backbone.cache_norm.weight.uniform_(0.5, 1.5)
+    generator = torch.Generator().manual_seed(2)
+    h = torch.randn(2, 5, 32, generator=generator, dtype=torch.float64, requires_grad=True)
+    r = torch.randn(2, 5, 32, generator=generator, dtype=torch.float64, requires_grad=True)
+    real = torch.ones(2, 5, dtype=torch.bool)
+    written = backbone._write_state(h, r, real)
+
+    w = fields.get("cache_residual_weight", 1.0)
+    expected = h + w * r if fields.get("cache_residual", True) else h
+    if fields.get("cache_post_norm", True) and fields.get("cache_residual", True):
+        expected = rms_normed(expected, backbone.cache_norm.weight)
+    torch.testing.assert_close(written, expected, rtol=1e-12, atol=1e-12)
+    assert (backbone.cache_norm is None) == (not fields.get("cache_post_norm", True) or not fields.get("cache_residual", True))
+
+    grad_h, grad_r = torch.autograd.grad(written.sum(), (h, r), allow_unused=True)
+    if fields.get("state_detach"):  # R is written without gradient (padding would still pass R through)
+        assert all(g is None or not g.abs().any() for g in (grad_h, grad_r))
+        return
+    grad_h_hand, grad_r_hand = torch.autograd.grad(expected.sum(), (h, r), allow_unused=True)
+    torch.testing.assert_close(grad_h, grad_h_hand)
+    if fields.get("cache_residual_detach") or not fields.get("cache_residual", True):
+        assert grad_r is None or not grad_r.abs().any()  # the previous state gets no gradient from the update
+    else:
+        torch.testing.assert_close(grad_r, grad_r_hand)
+
+
+def test_with_the_state_detached_the_jacobi_gradient_is_the_exact_paths() -> None:
+    """No gradient crosses tokens through R, on either path: the converged Jacobi path's weight gradients
+    equal the exact path's, whatever d_backward (with R connected they would not)."""
+    ids = random_ids(2, 6)
+
+    def gradients(recurrence: str, **path) -> dict[str, torch.Tensor]:
+        model = random_model({"state_detach": True}).double().train()
+        model(ids, labels=ids, recurrence=recurrence, **path).loss.backward()
+        return {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
+
+    exact = gradients("exact")
+    for d_backward in (1, 3):
+        jacobi = gradients("jacobi", d_forward=7, d_backward=d_backward)
+        assert exact.keys() == jacobi.keys()
+        for name in exact:
+            torch.testing.assert_close(jacobi[name], exact[name], rtol=1e-9, atol=1e-11, msg=name)
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"cache_residual": False, "cache_residual_weight": 0.5}, "cache_residual_weight=0.5 shape"),
+    ({"cache_residual": False, "cache_post_norm": False}, "cache_residual=False writes R_t = h_t"),
+    ({"cache_residual_detach": "yes"}, "cache_residual_detach must be a bool"),
+    ({"state_detach": 1}, "state_detach must be a bool"),
+    ({"cache_residual_weight": float("inf")}, "cache_residual_weight must be a finite number"),
+])
+def test_bad_cache_update_settings_are_refused(fields: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        config_of(**fields)

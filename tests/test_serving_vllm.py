@@ -383,13 +383,17 @@ def test_every_backbone_family_gives_generates_tokens(engines: Engines, tmp_path
 
 @pytest.mark.parametrize("fields", [{"fusion": "recurrent_only", "fusion_r_norm": True},
                                     {"fusion": "variance_normalized", "fusion_gate": "mlp"},
-                                    {"fusion": "bottleneck"}, {"fusion": "concat"}], ids=lambda f: f["fusion"])
+                                    {"fusion": "bottleneck"}, {"fusion": "concat"},
+                                    {"cache_residual_weight": 0.5, "cache_post_norm": False}],
+                         ids=lambda f: ",".join(f"{k}={v}" for k, v in f.items()))
 def test_every_fusion_variant_gives_generates_tokens(engines: Engines, tmp_path: Path, fields: dict) -> None:
-    """The plugin builds the Φ the config names (`t2mlr.model.fusion.build_fusion`) and loads its tensors."""
+    """The plugin builds the Φ the config names (`t2mlr.model.fusion.build_fusion`), loads its tensors and
+    writes R by the config's update (`StateUpdate`)."""
     tiny_t2mlr(**fields).save_pretrained(tmp_path)
     model = T2MLRForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
     prompts = random_prompts([6, 30], seed=13)
-    results = engines.generate(fields["fusion"], tmp_path, prompts, {"max_model_len": 128, "skip_tokenizer_init": True},
+    key = ",".join(f"{k}={v}" for k, v in fields.items())
+    results = engines.generate(key, tmp_path, prompts, {"max_model_len": 128, "skip_tokenizer_init": True},
                                max_tokens=8, logprobs=5, ignore_eos=True)
     for prompt, result in zip(prompts, results):
         assert_matches(result, reference(model, prompt, 8))

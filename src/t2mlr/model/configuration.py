@@ -104,6 +104,25 @@ def check_fusion(kind: Any, gate: Any, r_norm: Any, weight: Any, bottleneck: Any
                              "leave it None or set fusion='bottleneck'")
 
 
+def check_cache_update(residual: bool, weight: Any, detach_residual: Any, post_norm: Any, state_detach: Any) -> None:
+    """The cache update's fields (`t2mlr.model.fusion.StateUpdate`): the residual's settings only with the
+    residual, so a setting that would change nothing is an error."""
+    for name, value in (("cache_residual_detach", detach_residual), ("cache_post_norm", post_norm),
+                        ("state_detach", state_detach)):
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be a bool, got {value!r}")
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+        raise ValueError(f"cache_residual_weight must be a finite number, got {weight!r}")
+    if not residual:
+        changed = [f"{name}={value!r}" for name, value, default in (
+            ("cache_residual_weight", weight, 1.0), ("cache_residual_detach", detach_residual, False),
+            ("cache_post_norm", post_norm, True)) if value != default]
+        if changed:
+            raise ValueError(f"{', '.join(changed)} shape(s) the temporal residual R_t = norm(h_t + w·R_(t-1)); "
+                             "cache_residual=False writes R_t = h_t: set cache_residual=True or leave them at "
+                             "their defaults")
+
+
 def check_recurrence_path(path: Any, name: str = "recurrence") -> None:
     if path not in RECURRENCE_PATHS:
         raise ValueError(f"{name} must be one of {RECURRENCE_PATHS}, got {path!r}")
@@ -339,6 +358,10 @@ class T2MLRConfig(WrapsBaseConfig, PretrainedConfig):
         fusion_r_norm: RMSNorm (learnable gain) on R before Φ reads it.
         fusion_weight: the fixed c of "constant" (h + c·W_rec r).
         fusion_bottleneck: the width of "bottleneck"'s MLP (None: hidden_size // 4).
+        cache_residual_weight: w in R_t = RMSNorm(h_t + w·R_{t-1}) (default 1, the paper's).
+        cache_residual_detach: no gradient through the residual's R_{t-1}.
+        cache_post_norm: the RMSNorm after the residual (default True; False: R_t = h_t + w·R_{t-1}).
+        state_detach: R is written without gradient: none crosses from one token to the next through R.
     """
 
     model_type = "t2mlr"
@@ -362,6 +385,10 @@ class T2MLRConfig(WrapsBaseConfig, PretrainedConfig):
         fusion_r_norm: bool = False,
         fusion_weight: float = DEFAULT_FUSION_WEIGHT,
         fusion_bottleneck: int | None = None,
+        cache_residual_weight: float = 1.0,
+        cache_residual_detach: bool = False,
+        cache_post_norm: bool = True,
+        state_detach: bool = False,
         **kwargs: Any,
     ) -> None:
         self.base_config = _as_base_config(base_config)
@@ -381,6 +408,10 @@ class T2MLRConfig(WrapsBaseConfig, PretrainedConfig):
         self.fusion_r_norm = fusion_r_norm
         self.fusion_weight = fusion_weight
         self.fusion_bottleneck = fusion_bottleneck
+        self.cache_residual_weight = cache_residual_weight
+        self.cache_residual_detach = cache_residual_detach
+        self.cache_post_norm = cache_post_norm
+        self.state_detach = state_detach
         inherit_base_fields(self.base_config, kwargs)
         if self.base_config is not None:
             kwargs.setdefault("auto_map", dict(AUTO_MAP))  # loads without `import t2mlr` (remote_code.py)
@@ -429,6 +460,8 @@ class T2MLRConfig(WrapsBaseConfig, PretrainedConfig):
             )
         if not isinstance(self.cache_residual, bool):
             raise ValueError(f"cache_residual must be a bool, got {self.cache_residual!r}")
+        check_cache_update(self.cache_residual, self.cache_residual_weight, self.cache_residual_detach,
+                           self.cache_post_norm, self.state_detach)
         if isinstance(self.gate_init_scale, bool) or not isinstance(self.gate_init_scale, (int, float)) \
                 or not self.gate_init_scale >= 0:
             raise ValueError(f"gate_init_scale must be a number >= 0, got {self.gate_init_scale!r}")

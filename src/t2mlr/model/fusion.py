@@ -27,6 +27,7 @@ outputs); `from_base` refuses the others.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -48,6 +49,43 @@ class CacheNorm(nn.Module):
         wide = x.to(torch.promote_types(x.dtype, torch.float32))
         wide = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * wide.to(x.dtype)
+
+
+@dataclass(frozen=True)
+class StateUpdate:
+    """How a token writes R after block l_end (docs/semantics.md §3), from the config's cache fields:
+
+        R_t = norm(h_t + w·R_{t-1})   with the temporal residual (`cache_residual`, the paper's: w = 1, norm
+                                      the RMSNorm `cache_norm`; `cache_post_norm=False` drops the norm)
+        R_t = h_t                     without it
+
+    `cache_residual_weight` is w; `cache_residual_detach` stops the gradient through the residual's R_{t-1};
+    `state_detach` writes R_t without gradient, so no gradient crosses from one token to the next through R
+    (Φ still learns from the R it reads)."""
+
+    residual: bool = True
+    weight: float = 1.0
+    detach_residual: bool = False
+    detach: bool = False
+    normed: bool = True  # the RMSNorm after the residual (a module of its own, `cache_norm`, which the model holds)
+
+    @classmethod
+    def of(cls, config: Any) -> "StateUpdate":
+        return cls(
+            residual=config.cache_residual, weight=float(getattr(config, "cache_residual_weight", 1.0)),
+            detach_residual=getattr(config, "cache_residual_detach", False),
+            detach=getattr(config, "state_detach", False),
+            normed=config.cache_residual and getattr(config, "cache_post_norm", True),
+        )
+
+    def __call__(self, h_end: torch.Tensor, r_prev: torch.Tensor, norm: nn.Module | None) -> torch.Tensor:
+        written = h_end
+        if self.residual:
+            prev = r_prev.detach() if self.detach_residual else r_prev
+            written = h_end + prev if self.weight == 1.0 else h_end + self.weight * prev
+        if norm is not None:
+            written = norm(written)
+        return written.detach() if self.detach else written
 
 
 def gate_projection(hidden_size: int, kind: str) -> nn.Module:

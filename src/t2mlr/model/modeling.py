@@ -43,7 +43,7 @@ from . import checks
 from .cache import T2MLRCache, T2MLRStaticCache
 from .configuration import ForwardPath, T2MLRConfig
 from .fixed_point import FixedPointBackward
-from .fusion import CacheNorm, Fusion, build_fusion, check_retrofit_fusion
+from .fusion import CacheNorm, Fusion, StateUpdate, build_fusion, check_retrofit_fusion
 from .generation import T2MLRGenerationMixin
 from .layout import (
     LayerInputs,
@@ -133,7 +133,8 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
         self.adopt_decoder_parts(decoder)
         d = config.hidden_size
         self.fusion = build_fusion(config)
-        self.cache_norm = CacheNorm(d, getattr(config.base_config, "rms_norm_eps", 1e-6)) if config.cache_residual else None
+        self.state_update = StateUpdate.of(config)
+        self.cache_norm = CacheNorm(d, getattr(config.base_config, "rms_norm_eps", 1e-6)) if self.state_update.normed else None
         self.post_init()
         follow_placement(self.embed_tokens.weight, (self.fusion, self.cache_norm))
 
@@ -312,7 +313,7 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
 
     def _write_state(self, h_end: torch.Tensor, r_read: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
         """R after a token: the cache update for real tokens; padding passes R through unchanged."""
-        updated = self.cache_norm(h_end + r_read) if self.cache_norm is not None else h_end
+        updated = self.state_update(h_end, r_read, self.cache_norm)
         return torch.where(real[..., None], updated, r_read)
 
     # ----------------------------------------------------------------------------- exact path
