@@ -134,6 +134,7 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
         d = config.hidden_size
         self.fusion = build_fusion(config)
         self.state_update = StateUpdate.of(config)
+        self.recurrent_weight: float | None = None  # a training curriculum's λ: Φ reads λ·R (None: R)
         self.cache_norm = CacheNorm(d, getattr(config.base_config, "rms_norm_eps", 1e-6)) if self.state_update.normed else None
         self.post_init()
         follow_placement(self.embed_tokens.weight, (self.fusion, self.cache_norm))
@@ -306,6 +307,8 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
 
     # ----------------------------------------------------------------------------- fusion and update
     def _fuse(self, h: torch.Tensor, r_read: torch.Tensor, recurrence_mask: torch.Tensor | None) -> torch.Tensor:
+        if self.recurrent_weight is not None:  # set by the trainer's recurrent-weight curriculum only
+            r_read = r_read * self.recurrent_weight
         fused = self.fusion(h, r_read)
         if recurrence_mask is None:
             return fused
