@@ -5,37 +5,19 @@ and a resumed run replaying an uninterrupted one."""
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import random_ids, tiny_model
+from test_training_depth_sampling import run, train_records  # the tiny run, six steps, checkpoints at 3 and 6
 
-from t2mlr.cli import main as cli_main
 from t2mlr.training.config import ConfigError, RecurrentWeightCurriculum, load_config
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-TINY = [
-    "model.base.hidden_size=32", "model.base.intermediate_size=64", "model.base.num_hidden_layers=3",
-    "model.base.vocab_size=32", "model.l_start=2", "model.l_end=2", "model.d_forward=4", "model.d_backward=2",
-    "data.seq_len=16", "data.kwargs.vocab_size=32", "data.kwargs.num_samples=64", "eval.data.seq_len=16",
-    "eval.data.kwargs.vocab_size=32", "eval.every=0", "train.global_batch_size=4", "train.micro_batch_size=2",
-    "train.max_steps=6", "schedule.warmup_steps=2", "logging.progress_bar=false", "checkpoint.every=3",
-    "checkpoint.keep_last=0",
-]
 COSINE = "train.recurrent_weight_curriculum={schedule: cosine, steps: 4, start: 0.2, end: 1.0}"
-
-
-def train_records(out: Path) -> list[dict]:
-    lines = (out / "metrics.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if r["split"] == "train"]
-
-
-def run(out: Path, *extra: str) -> int:
-    return cli_main(["train", "debug", "--out", str(out), *TINY, *extra, "--threads", "1"])
 
 
 @pytest.mark.parametrize("schedule, shares", [
