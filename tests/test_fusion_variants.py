@@ -54,7 +54,8 @@ CACHE_VARIANTS = [
 
 
 def variant_id(v: dict) -> str:
-    return ",".join([v.get("fusion", "gated"), *(f"{k.removeprefix('fusion_')}={x}" for k, x in v.items() if k != "fusion")])
+    settings = (f"{k.removeprefix('fusion_')}={x}" for k, x in v.items() if k != "fusion")
+    return ",".join([v.get("fusion", "gated"), *settings])
 
 
 IDS = [variant_id(v) for v in VARIANTS]
@@ -69,7 +70,8 @@ def randomise(fusion: torch.nn.Module, seed: int = 3) -> None:
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for param in fusion.parameters():
-            param.copy_(torch.randn(param.shape, generator=generator, dtype=torch.float64) * 0.4 + (param.ndim < 2) * 0.5)
+            drawn = torch.randn(param.shape, generator=generator, dtype=torch.float64)
+            param.copy_(drawn * 0.4 + (param.ndim < 2) * 0.5)
 
 
 # ---------------------------------------------------------------------------------------------- by hand
@@ -105,7 +107,8 @@ def by_hand(variant: dict, p: dict[str, torch.Tensor], h: torch.Tensor, r: torch
         return linear(hr, p["proj.weight"])
     if kind in ("variance_normalized", "alpha_coupled"):
         alpha = torch.sigmoid(gate_logits(p, "f_alpha", hr, mlp))
-        w_in, w_rec = (torch.sqrt(1 - alpha), torch.sqrt(alpha)) if kind == "variance_normalized" else (1 - alpha, alpha)
+        variance = kind == "variance_normalized"
+        w_in, w_rec = (torch.sqrt(1 - alpha), torch.sqrt(alpha)) if variance else (1 - alpha, alpha)
         return w_in * h + w_rec * linear(r, p["w_rec.weight"])
     if kind == "recurrent_only":
         return torch.where(empty, h, linear(r, p["w_rec.weight"]))
@@ -361,7 +364,8 @@ def test_each_cache_update_writes_its_formula(fields: dict) -> None:
     if fields.get("cache_post_norm", True) and fields.get("cache_residual", True):
         expected = rms_normed(expected, backbone.cache_norm.weight)
     torch.testing.assert_close(written, expected, rtol=1e-12, atol=1e-12)
-    assert (backbone.cache_norm is None) == (not fields.get("cache_post_norm", True) or not fields.get("cache_residual", True))
+    normed = fields.get("cache_post_norm", True) and fields.get("cache_residual", True)
+    assert (backbone.cache_norm is None) == (not normed)
 
     grad_h, grad_r = torch.autograd.grad(written.sum(), (h, r), allow_unused=True)
     if fields.get("state_detach"):  # R is written without gradient (padding would still pass R through)

@@ -335,7 +335,8 @@ def check_retrofit_fusion(fusion: str, weight: float = 0.0) -> None:
     """A retrofit promises the base model's outputs until training opens the fusion; a Φ that is not the
     identity when fresh would break that promise from step 0, so it is refused before anything is built."""
     if fusion in FUSIONS and not starts_as_base_model(fusion, weight):
-        starts = [name for name, kind in FUSIONS.items() if kind.starts_as_base_model] + ["constant with fusion_weight=0"]
+        starts = [name for name, kind in FUSIONS.items() if kind.starts_as_base_model]
+        starts.append("constant with fusion_weight=0")
         raise ValueError(
             f"fusion={fusion!r} is not the identity when fresh, so a retrofit would not start as its base model: "
             f"retrofit with one that is ({', '.join(starts)}), or train the variant from scratch (model.base, or "

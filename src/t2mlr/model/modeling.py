@@ -135,7 +135,8 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
         self.fusion = build_fusion(config)
         self.state_update = StateUpdate.of(config)
         self.recurrent_weight: float | None = None  # a training curriculum's λ: Φ reads λ·R (None: R)
-        self.cache_norm = CacheNorm(d, getattr(config.base_config, "rms_norm_eps", 1e-6)) if self.state_update.normed else None
+        eps = getattr(config.base_config, "rms_norm_eps", 1e-6)
+        self.cache_norm = CacheNorm(d, eps) if self.state_update.normed else None
         self.post_init()
         follow_placement(self.embed_tokens.weight, (self.fusion, self.cache_norm))
 

@@ -3,9 +3,9 @@
 The model is laid out as the checkpoints this library saves (`t2mlr.model.checkpoint_keys`): the base
 decoder's `model.embed_tokens`, `model.layers`, `model.norm` and `lm_head`, built from vLLM's Llama,
 Mistral, Qwen2 or Qwen3 decoder layers, plus `model.fusion` (Φ) and `model.cache_norm`, which are the
-library's own Φ (`build_fusion`: the variant the config names) and `CacheNorm` (one implementation of
-the maths, shared with `T2MLRForCausalLM`). R lives in `model.recurrent_state[0]` (`t2mlr.serving.state`; see `state_slots` for
-why there are more of them).
+library's own Φ (`build_fusion`: the variant the config names), `CacheNorm` and cache update
+(`StateUpdate`): one implementation of the maths, shared with `T2MLRForCausalLM`. R lives in
+`model.recurrent_state[0]` (`t2mlr.serving.state`; see `state_slots` for why there are more of them).
 
 One engine step runs the blocks below l_start once over the whole flattened batch, then the middle block
 l_start..l_end, then the blocks above once (docs/semantics.md §5):

@@ -270,8 +270,8 @@ class Trainer:
             log.info("Jacobi depth drawn per step from %s (model.d_forward_sampling)", depths)
         curriculum = t.recurrent_weight_curriculum
         if curriculum is not None:
-            log.info("recurrent weight λ (Φ reads λ·R) from %g to %g over %d steps, %s (train.recurrent_weight_curriculum)",
-                     curriculum.start, curriculum.end, curriculum.steps, curriculum.schedule)
+            log.info("recurrent weight λ (Φ reads λ·R) from %g to %g over %d steps, %s "
+                     "(train.recurrent_weight_curriculum)", curriculum.start, curriculum.end, curriculum.steps, curriculum.schedule)
         log.info("eval forward path: %s (the model's choice%s)",
                  describe_path(self.model, False, self.eval_overrides.get("recurrence")),
                  ", with eval.recurrence" if self.eval_overrides else "")
