@@ -205,16 +205,22 @@ def random_prompts(lengths: list[int], seed: int, vocab: int = TINY_VOCAB) -> li
 # ---------------------------------------------------------------------------------------------- the tiny model
 
 
-def tiny_t2mlr(family: str = "llama", l_start: int = 2, l_end: int = 3) -> T2MLRForCausalLM:
+def tiny_t2mlr(family: str = "llama", l_start: int = 2, l_end: int = 3, **config_fields: Any) -> T2MLRForCausalLM:
     """A 4-block T²MLR with head_dim 64 (the smallest vLLM's CPU attention takes) and its gates open: γ's off
-    zero and W_rec scaled up, so R visibly moves the logits."""
+    zero and W_rec scaled up, so R visibly moves the logits. `config_fields` naming another `fusion`: every
+    weight of that Φ drawn at random instead."""
     torch.manual_seed(0)
     fields = dict(vocab_size=TINY_VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
                   num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=512,
                   bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
     base = AutoConfig.for_model(family, **fields)
-    model = T2MLRForCausalLM(T2MLRConfig.from_base(base, l_start=l_start, l_end=l_end)).eval()
+    model = T2MLRForCausalLM(T2MLRConfig.from_base(base, l_start=l_start, l_end=l_end, **config_fields)).eval()
     with torch.no_grad():
+        if model.config.fusion != "gated":
+            generator = torch.Generator().manual_seed(7)
+            for param in model.fusion.parameters():
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.1 + (param.ndim < 2) * 0.8)
+            return model
         fusion_parameter(model, "gamma_cur").fill_(0.6)
         fusion_parameter(model, "gamma_rec").fill_(-0.9)
         fusion_parameter(model, "w_rec.weight").mul_(20.0)
@@ -370,6 +376,24 @@ def test_every_backbone_family_gives_generates_tokens(engines: Engines, tmp_path
     model = T2MLRForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
     prompts = random_prompts([5, 20], seed=12)
     results = engines.generate(family, tmp_path, prompts, {"max_model_len": 128, "skip_tokenizer_init": True},
+                               max_tokens=8, logprobs=5, ignore_eos=True)
+    for prompt, result in zip(prompts, results):
+        assert_matches(result, reference(model, prompt, 8))
+
+
+@pytest.mark.parametrize("fields", [{"fusion": "recurrent_only", "fusion_r_norm": True},
+                                    {"fusion": "variance_normalized", "fusion_gate": "mlp"},
+                                    {"fusion": "bottleneck"}, {"fusion": "concat"},
+                                    {"cache_residual_weight": 0.5, "cache_post_norm": False}],
+                         ids=lambda f: ",".join(f"{k}={v}" for k, v in f.items()))
+def test_every_fusion_variant_gives_generates_tokens(engines: Engines, tmp_path: Path, fields: dict) -> None:
+    """The plugin builds the Φ the config names (`t2mlr.model.fusion.build_fusion`), loads its tensors and
+    writes R by the config's update (`StateUpdate`)."""
+    tiny_t2mlr(**fields).save_pretrained(tmp_path)
+    model = T2MLRForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    prompts = random_prompts([6, 30], seed=13)
+    key = ",".join(f"{k}={v}" for k, v in fields.items())
+    results = engines.generate(key, tmp_path, prompts, {"max_model_len": 128, "skip_tokenizer_init": True},
                                max_tokens=8, logprobs=5, ignore_eos=True)
     for prompt, result in zip(prompts, results):
         assert_matches(result, reference(model, prompt, 8))

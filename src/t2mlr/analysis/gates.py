@@ -3,8 +3,9 @@ more runs (the paper's appendix "Learned gating behavior", figure gamma-step: γ
 γ_cur negative, on every task the authors trained).
 
 The trainer logs both scalars with every training record of a T²MLR run. Φ uses tanh(γ), which has the
-sign of γ, so the paper's finding reads directly off the raw values. A run without gate values (a plain
-Transformer or another baseline) is reported as such and left out of the figure.
+sign of γ, so the paper's finding reads directly off the raw values. A run without both values (a plain
+Transformer, another baseline, or a T²MLR run whose `fusion` variant is not the paper's gated Φ: only
+`fusion="gated"` has γ_cur and γ_rec) is reported as such and left out of the figure.
 """
 
 from __future__ import annotations
@@ -97,8 +98,9 @@ def run_gates(run_dirs: Sequence[str | Path], out: str | Path, labels: Sequence[
     for index, run_dir in enumerate(run_dirs):
         trajectory = gate_trajectory(run_dir)
         if trajectory is None:
-            skipped.append(f"{run_dir}: its metrics.jsonl has no gamma_cur/gamma_rec values: a plain Transformer or "
-                           "another baseline (no fusion gates); left out")
+            skipped.append(f"{run_dir}: its metrics.jsonl has no gamma_cur/gamma_rec pair: a plain Transformer, "
+                           "another baseline, or a T²MLR fusion variant other than the paper's (only fusion=gated has "
+                           "both gates); left out")
             continue
         if labels is not None:
             trajectory.run = labels[index]

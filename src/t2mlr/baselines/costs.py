@@ -4,8 +4,9 @@ alone.
 
 Counted (2 FLOPs per multiply-add): the decoder blocks' projections and MLP, the attention scores and
 weighted sums (2 · 2 · heads · head_dim per query–key pair, causal, so a token at context c attends over
-c keys), the LM head at the positions that get logits, and T²MLR's fusion Φ (10d² per fused token: f_cur
-and f_rec map 2d → d, W_rec d → d). Not counted: norms, activations, rotary embeddings, softmax,
+c keys), the LM head at the positions that get logits, and T²MLR's fusion Φ (2 × its linears' weights per
+fused token, `fusion_multiply_adds`: 10d² for the paper's Φ, where f_cur and f_rec map 2d → d and W_rec
+d → d; each variant of `T2MLRConfig.fusion` its own). Not counted: norms, activations, rotary embeddings, softmax,
 embedding lookups and the optimizer step (all linear in the width and small next to the matmuls).
 
 * Decode: `generate()` from one BOS token, n new tokens: step k runs at context k (k = 1 .. n). A looped
@@ -37,13 +38,12 @@ from t2mlr.baselines.matching import head_dim_of
 from t2mlr.baselines.pause import PauseConfig
 from t2mlr.baselines.recurrent import RecurrentLMConfig
 from t2mlr.model import T2MLRConfig
+from t2mlr.model.fusion import fusion_multiply_adds
 
 __all__ = [
     "DecoderShape", "causal_pairs", "decode_flops", "decode_step_flops", "full_pairs", "recurrent_token_flops",
     "replay_middle_flops", "train_step_flops",
 ]
-
-FUSION_FLOPS_PER_D2 = 10  # Φ per token: two (2d → d) linears and one (d → d): 5d² multiply-adds
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,7 @@ class DecoderShape:
     intermediate: int
     vocab: int
     layers: int
+    fusion_multiply_adds: int = 0  # Φ per fused token (a T²MLR config's; 0 for a plain decoder)
 
     @classmethod
     def of(cls, config: PretrainedConfig) -> DecoderShape:
@@ -67,6 +68,7 @@ class DecoderShape:
             kv_heads=int(getattr(base, "num_key_value_heads", None) or base.num_attention_heads),
             head_dim=head_dim_of(base), intermediate=int(base.intermediate_size), vocab=int(base.vocab_size),
             layers=int(base.num_hidden_layers),
+            fusion_multiply_adds=fusion_multiply_adds(config) if isinstance(config, T2MLRConfig) else 0,
         )
 
     def block_matmuls(self, tokens: float) -> float:
@@ -82,7 +84,7 @@ class DecoderShape:
         return 2 * tokens * self.hidden * self.vocab
 
     def fusion(self, tokens: float) -> float:
-        return FUSION_FLOPS_PER_D2 * tokens * self.hidden**2
+        return 2 * tokens * self.fusion_multiply_adds
 
 
 def causal_pairs(length: float) -> float:

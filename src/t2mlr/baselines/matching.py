@@ -160,7 +160,8 @@ def matched_baseline_config(base_config: PretrainedConfig, target: int) -> Pretr
 
 
 def t2mlr_parameter_count(config: T2MLRConfig) -> int:
-    """Parameters of `T2MLRForCausalLM(config)`: the base model plus 5d² + 3d + 2 for Φ and the cache norm."""
+    """Parameters of `T2MLRForCausalLM(config)`, counted as built: the base model plus Φ (5d² + 2d + 2 for the
+    paper's; each `fusion` variant its own) and the cache norm (d)."""
     return _meta_count(lambda: T2MLRForCausalLM(config))
 
 

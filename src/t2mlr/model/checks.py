@@ -268,7 +268,8 @@ def check_block_count(layers: Sequence[Any], num_layers: int) -> None:
         )
 
 
-GATES_AND_WHAT_THEY_SCALE = {"gamma_cur": ("f_cur",), "gamma_rec": ("f_rec", "w_rec")}
+# the scalar gates of the fusion variants and the linears each multiplies (`t2mlr.model.fusion`)
+GATES_AND_WHAT_THEY_SCALE = {"gamma_cur": ("f_cur",), "gamma_rec": ("f_rec", "w_rec", "w_down", "w_up")}
 
 
 def check_gates_pass_gradients(fusion: torch.nn.Module) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 import sys
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, get_args
@@ -36,6 +37,14 @@ ExactSolver = Literal["sequential", "fixed_point", "auto"]
 RECURRENCE_PATHS: tuple[str, ...] = get_args(RecurrencePath)
 EXACT_SOLVERS: tuple[str, ...] = get_args(ExactSolver)
 RECURRENCE_MASK_POLICIES: tuple[str, ...] = get_args(RecurrenceMaskPolicy)
+FusionKind = Literal[
+    "gated", "none", "constant", "concat", "variance_normalized", "alpha_coupled", "recurrent_only", "bottleneck"
+]
+FusionGate = Literal["linear", "mlp"]
+FUSION_KINDS: tuple[str, ...] = get_args(FusionKind)
+FUSION_GATES: tuple[str, ...] = get_args(FusionGate)
+GATE_PROJECTED_FUSIONS = ("gated", "variance_normalized", "alpha_coupled")  # the variants `fusion_gate` shapes
+DEFAULT_FUSION_WEIGHT = 0.1
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
@@ -67,6 +76,53 @@ def check_block_range(start: Any, end: Any, num_layers: int, names: tuple[str, s
             f"need 1 <= {first} <= {last} <= {num_layers} (1-based, inclusive block indices of a {num_layers}-block "
             f"model); got {first}={start}, {last}={end}"
         )
+
+
+def check_fusion(kind: Any, gate: Any, r_norm: Any, weight: Any, bottleneck: Any) -> None:
+    """The fusion Φ's fields (`t2mlr.model.fusion`): a known variant, and each variant's own setting only
+    with the variant it shapes, so a setting that would change nothing is an error instead."""
+    if kind not in FUSION_KINDS:
+        raise ValueError(unknown_name_message("fusion", str(kind), FUSION_KINDS))
+    if gate not in FUSION_GATES:
+        raise ValueError(f"fusion_gate must be one of {FUSION_GATES}, got {gate!r}")
+    if gate != "linear" and kind not in GATE_PROJECTED_FUSIONS:
+        raise ValueError(f"fusion_gate={gate!r} shapes the gate projection of fusion in {GATE_PROJECTED_FUSIONS}; "
+                         f"fusion={kind!r} has none: leave fusion_gate='linear'")
+    if not isinstance(r_norm, bool):
+        raise ValueError(f"fusion_r_norm must be a bool, got {r_norm!r}")
+    if r_norm and kind == "none":
+        raise ValueError("fusion_r_norm normalises R before Φ reads it; fusion='none' does not read R: leave it False")
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+        raise ValueError(f"fusion_weight must be a finite number, got {weight!r}")
+    if weight != DEFAULT_FUSION_WEIGHT and kind != "constant":
+        raise ValueError(f"fusion_weight is the fixed c of fusion='constant'; fusion={kind!r} has no c: leave it at "
+                         f"{DEFAULT_FUSION_WEIGHT} or set fusion='constant'")
+    if bottleneck is not None:
+        check_int(bottleneck, "fusion_bottleneck")
+        if bottleneck < 1:
+            raise ValueError(f"fusion_bottleneck must be >= 1 (the bottleneck MLP's width) or None, got {bottleneck}")
+        if kind != "bottleneck":
+            raise ValueError(f"fusion_bottleneck is the width of fusion='bottleneck'; fusion={kind!r} has none: "
+                             "leave it None or set fusion='bottleneck'")
+
+
+def check_cache_update(residual: bool, weight: Any, detach_residual: Any, post_norm: Any, state_detach: Any) -> None:
+    """The cache update's fields (`t2mlr.model.fusion.StateUpdate`): the residual's settings only with the
+    residual, so a setting that would change nothing is an error."""
+    for name, value in (("cache_residual_detach", detach_residual), ("cache_post_norm", post_norm),
+                        ("state_detach", state_detach)):
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be a bool, got {value!r}")
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+        raise ValueError(f"cache_residual_weight must be a finite number, got {weight!r}")
+    if not residual:
+        changed = [f"{name}={value!r}" for name, value, default in (
+            ("cache_residual_weight", weight, 1.0), ("cache_residual_detach", detach_residual, False),
+            ("cache_post_norm", post_norm, True)) if value != default]
+        if changed:
+            raise ValueError(f"{', '.join(changed)} shape(s) the temporal residual R_t = norm(h_t + w·R_(t-1)); "
+                             "cache_residual=False writes R_t = h_t: set cache_residual=True or leave them at "
+                             "their defaults")
 
 
 def check_recurrence_path(path: Any, name: str = "recurrence") -> None:
@@ -323,6 +379,18 @@ class T2MLRConfig(WrapsBaseConfig, PretrainedConfig):
             and evaluation mode: "exact", "jacobi" or "off" (plain base model). Never switched silently.
         recurrence_mask_policy: "all" (every real token fuses R) or "mask" (the caller passes a
             per-token `recurrence_mask`; masked tokens skip Φ but still update the cache).
+        fusion: the fusion Φ: "gated" (the paper's, default), "none", "constant", "concat",
+            "variance_normalized", "alpha_coupled", "recurrent_only" or "bottleneck"; each one's formula is
+            in `t2mlr.model.fusion` and docs/model.md.
+        fusion_gate: the gate projection of "gated", "variance_normalized" and "alpha_coupled": "linear"
+            (default) or "mlp" (Linear·SiLU·Linear).
+        fusion_r_norm: RMSNorm (learnable gain) on R before Φ reads it.
+        fusion_weight: the fixed c of "constant" (h + c·W_rec r).
+        fusion_bottleneck: the width of "bottleneck"'s MLP (None: hidden_size // 4).
+        cache_residual_weight: w in R_t = RMSNorm(h_t + w·R_{t-1}) (default 1, the paper's).
+        cache_residual_detach: no gradient through the residual's R_{t-1}.
+        cache_post_norm: the RMSNorm after the residual (default True; False: R_t = h_t + w·R_{t-1}).
+        state_detach: R is written without gradient: none crosses from one token to the next through R.
     """
 
     model_type = "t2mlr"
@@ -345,6 +413,15 @@ class T2MLRConfig(WrapsBaseConfig, PretrainedConfig):
         train_recurrence: RecurrencePath = "jacobi",
         eval_recurrence: RecurrencePath = "exact",
         recurrence_mask_policy: RecurrenceMaskPolicy = "all",
+        fusion: FusionKind = "gated",
+        fusion_gate: FusionGate = "linear",
+        fusion_r_norm: bool = False,
+        fusion_weight: float = DEFAULT_FUSION_WEIGHT,
+        fusion_bottleneck: int | None = None,
+        cache_residual_weight: float = 1.0,
+        cache_residual_detach: bool = False,
+        cache_post_norm: bool = True,
+        state_detach: bool = False,
         **kwargs: Any,
     ) -> None:
         self.base_config = _as_base_config(base_config)
@@ -363,6 +440,15 @@ class T2MLRConfig(WrapsBaseConfig, PretrainedConfig):
         self.train_recurrence = train_recurrence
         self.eval_recurrence = eval_recurrence
         self.recurrence_mask_policy = recurrence_mask_policy
+        self.fusion = fusion
+        self.fusion_gate = fusion_gate
+        self.fusion_r_norm = fusion_r_norm
+        self.fusion_weight = fusion_weight
+        self.fusion_bottleneck = fusion_bottleneck
+        self.cache_residual_weight = cache_residual_weight
+        self.cache_residual_detach = cache_residual_detach
+        self.cache_post_norm = cache_post_norm
+        self.state_detach = state_detach
         inherit_base_fields(self.base_config, kwargs)
         if self.base_config is not None:
             kwargs.setdefault("auto_map", dict(AUTO_MAP))  # loads without `import t2mlr` (remote_code.py)
@@ -412,9 +498,12 @@ class T2MLRConfig(WrapsBaseConfig, PretrainedConfig):
             )
         if not isinstance(self.cache_residual, bool):
             raise ValueError(f"cache_residual must be a bool, got {self.cache_residual!r}")
+        check_cache_update(self.cache_residual, self.cache_residual_weight, self.cache_residual_detach,
+                           self.cache_post_norm, self.state_detach)
         if isinstance(self.gate_init_scale, bool) or not isinstance(self.gate_init_scale, (int, float)) \
                 or not self.gate_init_scale >= 0:
             raise ValueError(f"gate_init_scale must be a number >= 0, got {self.gate_init_scale!r}")
+        check_fusion(self.fusion, self.fusion_gate, self.fusion_r_norm, self.fusion_weight, self.fusion_bottleneck)
 
     def forward_path(
         self,

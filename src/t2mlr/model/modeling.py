@@ -44,7 +44,7 @@ from . import checks
 from .cache import T2MLRCache, T2MLRStaticCache
 from .configuration import ForwardPath, T2MLRConfig
 from .fixed_point import FixedPointBackward
-from .fusion import CacheNorm, GatedFusion
+from .fusion import CacheNorm, Fusion, StateUpdate, build_fusion, check_retrofit_fusion
 from .generation import T2MLRGenerationMixin
 from .layout import (
     LayerInputs,
@@ -159,9 +159,10 @@ class T2MLRPreTrainedModel(RunsBaseDecoder, PreTrainedModel):
     _supports_context_parallel = False
 
     def _init_weights(self, module: nn.Module) -> None:
-        """The fusion's linears ~ N(0, initializer_range × gate_init_scale) with γ = 0, the cache norm's gain
-        1; every other module as transformers initialises the base decoder's (its config's range)."""
-        if isinstance(module, GatedFusion):
+        """The fusion's linears ~ N(0, initializer_range × gate_init_scale) with γ = 0 (each variant's own
+        start, `Fusion.reset_parameters`), the cache norm's gain 1; every other module as transformers
+        initialises the base decoder's (its config's range)."""
+        if isinstance(module, Fusion):
             std = getattr(self.config.base_config, "initializer_range", 0.02) * self.config.gate_init_scale
             module.reset_parameters(std)
         elif isinstance(module, CacheNorm):
@@ -212,8 +213,11 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
         super().__init__(config)
         self.adopt_decoder_parts(decoder)
         d = config.hidden_size
-        self.fusion = GatedFusion(d)
-        self.cache_norm = CacheNorm(d, getattr(config.base_config, "rms_norm_eps", 1e-6)) if config.cache_residual else None
+        self.fusion = build_fusion(config)
+        self.state_update = StateUpdate.of(config)
+        self.recurrent_weight: float | None = None  # a training curriculum's λ: Φ reads λ·R (None: R)
+        eps = getattr(config.base_config, "rms_norm_eps", 1e-6)
+        self.cache_norm = CacheNorm(d, eps) if self.state_update.normed else None
         self.post_init()
         follow_placement(self.embed_tokens.weight, (self.fusion, self.cache_norm))
 
@@ -395,6 +399,8 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
 
     # ----------------------------------------------------------------------------- fusion and update
     def _fuse(self, h: torch.Tensor, r_read: torch.Tensor, recurrence_mask: torch.Tensor | None) -> torch.Tensor:
+        if self.recurrent_weight is not None:  # set by the trainer's recurrent-weight curriculum only
+            r_read = r_read * self.recurrent_weight
         fused = self.fusion(h, r_read)
         if recurrence_mask is None:
             return fused
@@ -402,7 +408,7 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
 
     def _write_state(self, h_end: torch.Tensor, r_read: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
         """R after a token: the cache update for real tokens; padding passes R through unchanged."""
-        updated = self.cache_norm(h_end + r_read) if self.cache_norm is not None else h_end
+        updated = self.state_update(h_end, r_read, self.cache_norm)
         return torch.where(real[..., None], updated, r_read)
 
     # ----------------------------------------------------------------------------- exact path
@@ -746,6 +752,7 @@ class T2MLRForCausalLM(LMHeadOverBackbone, T2MLRPreTrainedModel, T2MLRGeneration
         elif load_kwargs or gguf_file:
             raise ValueError("load_kwargs and gguf_file apply only when `base` is a hub id or path")
         config = T2MLRConfig.from_base(base.config, l_start=l_start, l_end=l_end, **config_kwargs)
+        check_retrofit_fusion(config.fusion, config.fusion_weight)
         return cls(config, base_model=base).train(base.training)
 
     def save_pretrained(self, save_directory: str | Path, *args: Any, **kwargs: Any) -> None:
@@ -755,8 +762,8 @@ class T2MLRForCausalLM(LMHeadOverBackbone, T2MLRPreTrainedModel, T2MLRGeneration
         write_remote_code_modules(save_directory)
 
     @property
-    def fusion(self) -> GatedFusion:
-        """The fusion Φ (its gates `fusion.gamma_cur`, `fusion.gamma_rec`), which lives in the backbone."""
+    def fusion(self) -> Fusion:
+        """The fusion Φ (the paper's: gates `fusion.gamma_cur`, `fusion.gamma_rec`), which lives in the backbone."""
         return self.model.fusion
 
     @can_return_tuple

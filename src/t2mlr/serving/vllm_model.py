@@ -3,9 +3,9 @@
 The model is laid out as the checkpoints this library saves (`t2mlr.model.checkpoint_keys`): the base
 decoder's `model.embed_tokens`, `model.layers`, `model.norm` and `lm_head`, built from vLLM's Llama,
 Mistral, Qwen2 or Qwen3 decoder layers, plus `model.fusion` (Φ) and `model.cache_norm`, which are the
-library's own `GatedFusion` and `CacheNorm` (one implementation of the maths, shared with
-`T2MLRForCausalLM`). R lives in `model.recurrent_state[0]` (`t2mlr.serving.state`; see `state_slots` for
-why there are more of them).
+library's own Φ (`build_fusion`: the variant the config names), `CacheNorm` and cache update
+(`StateUpdate`): one implementation of the maths, shared with `T2MLRForCausalLM`. R lives in
+`model.recurrent_state[0]` (`t2mlr.serving.state`; see `state_slots` for why there are more of them).
 
 One engine step runs the blocks below l_start once over the whole flattened batch, then the middle block
 l_start..l_end, then the blocks above once (docs/semantics.md §5):
@@ -42,7 +42,7 @@ from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.model_executor.models.interfaces import HasInnerState, IsHybrid
 
 from t2mlr.model.checkpoint_keys import current_key
-from t2mlr.model.fusion import CacheNorm, GatedFusion
+from t2mlr.model.fusion import CacheNorm, StateUpdate, build_fusion
 
 from .checks import check_engine_settings, t2mlr_config
 from .jacobi import JacobiIterates
@@ -187,8 +187,9 @@ class T2MLRModel(nn.Module):
         self.layers = nn.ModuleList(decoder_layer(base, vllm_config, f"{prefix}.layers.{i}")
                                     for i in range(base.num_hidden_layers))
         self.norm = RMSNorm(hidden, eps=eps)
-        self.fusion = GatedFusion(hidden)
-        self.cache_norm = CacheNorm(hidden, eps) if config.cache_residual else None
+        self.fusion = build_fusion(config)  # the config's Φ variant (t2mlr.model.fusion)
+        self.state_update = StateUpdate.of(config)
+        self.cache_norm = CacheNorm(hidden, eps) if self.state_update.normed else None
         self.recurrent_state = state_slots(hidden, base.num_hidden_layers, prefix)
         self.prefix_blocks = range(config.l_start - 1)
         self.middle_blocks = range(config.l_start - 1, config.l_end)
@@ -215,8 +216,8 @@ class T2MLRModel(nn.Module):
         return hidden if residual is None else hidden + residual
 
     def _write_state(self, h_end: torch.Tensor, r_read: torch.Tensor) -> torch.Tensor:
-        """R after a token: RMSNorm(h + R_prev), or h without the cache residual (docs/semantics.md §3)."""
-        return self.cache_norm(h_end + r_read) if self.cache_norm is not None else h_end
+        """R after a token: RMSNorm(h + R_prev) by default, the config's update in general (docs/semantics.md §3)."""
+        return self.state_update(h_end, r_read, self.cache_norm)
 
     def _fused_middle(self, h_low: torch.Tensor, r_read: torch.Tensor, positions: torch.Tensor,
                       sub: SubBatch | None = None) -> tuple[torch.Tensor, torch.Tensor]:

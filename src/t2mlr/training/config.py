@@ -18,6 +18,7 @@ import dataclasses
 import functools
 import importlib
 import inspect
+import math
 import random
 import types
 import typing
@@ -131,7 +132,8 @@ class ModelConfig:
     training step. Every other key of the YAML `model:` section is a setting of the architecture, declared
     by its config class (for `t2mlr`: the `T2MLRConfig` fields l_start, l_end, d_forward, d_backward,
     jacobi_tol, train_recurrence, eval_recurrence, cache_residual, gate_init_scale,
-    recurrence_mask_policy); `settings` holds all of them, defaults filled in.
+    recurrence_mask_policy, the fusion variant's fusion, fusion_gate, fusion_r_norm, fusion_weight,
+    fusion_bottleneck, ...); `settings` holds all of them, defaults filled in.
     """
 
     arch: str = "t2mlr"
@@ -298,6 +300,34 @@ class ScheduleConfig:
     total_steps: int | None = None
 
 
+RAMPS: dict[str, Any] = {  # progress p in [0, 1] -> share of the way from start to end
+    "linear": lambda p: p,
+    "cosine": lambda p: (1 - math.cos(math.pi * p)) / 2,
+    "exponential": lambda p: p * p,  # the release's name for a slow start and a fast finish
+    "step": lambda p: 1.0 if p >= 0.5 else 0.0,
+}
+
+
+@dataclass
+class RecurrentWeightCurriculum:
+    """`train.recurrent_weight_curriculum` (T²MLR): the weight λ of the recurrent branch, Φ reading λ·R
+    instead of R, ramped from `start` to `end` over the first `steps` optimizer steps and held at `end` after
+    (the authors' release's curriculum). Before step s (1-based) λ = start + (end − start)·ramp((s − 1)/steps):
+    linear p, cosine (1 − cos πp)/2, exponential p² (the release's name), step 0 then 1 from p = ½. A
+    function of the step alone, so a resumed run uses what an uninterrupted one would; logged per step as
+    `recurrent_weight`. Training steps only: evaluation, checkpoints and the saved model read R at weight 1."""
+
+    schedule: Literal["linear", "cosine", "exponential", "step"] = "linear"
+    steps: int = 0
+    start: float = 0.0
+    end: float = 1.0
+
+    def value(self, step: int) -> float:
+        """λ of optimizer step `step` (1-based)."""
+        progress = min(max(step - 1, 0), self.steps) / self.steps
+        return self.start + (self.end - self.start) * RAMPS[self.schedule](progress)
+
+
 @dataclass
 class TrainLoopConfig:
     """Loop settings. The global batch is fixed; accumulation = global / (micro × world size).
@@ -324,6 +354,7 @@ class TrainLoopConfig:
     precision: Literal["auto", "bf16", "fp32"] = "auto"
     parallel: Literal["none", "ddp", "fsdp"] = "none"
     warm_start_states: bool = False
+    recurrent_weight_curriculum: RecurrentWeightCurriculum | None = None
 
 
 @dataclass
@@ -743,6 +774,17 @@ def _validate_run(cfg: TrainConfig, factory_kwargs: bool = True) -> None:
             f"train.global_batch_size ({t.global_batch_size}) must be a multiple of train.micro_batch_size "
             f"({t.micro_batch_size})"
         )
+    curriculum = t.recurrent_weight_curriculum
+    if curriculum is not None:
+        if curriculum.steps < 1:
+            raise ConfigError(f"train.recurrent_weight_curriculum.steps must be >= 1 (the optimizer steps λ ramps "
+                              f"over), got {curriculum.steps}")
+        if cfg.model.arch != "t2mlr":
+            raise ConfigError(f"train.recurrent_weight_curriculum weighs T²MLR's recurrent branch: it needs model.arch "
+                              f"t2mlr, not {cfg.model.arch!r}")
+        for name in ("start", "end"):
+            if not math.isfinite(getattr(curriculum, name)):
+                raise ConfigError(f"train.recurrent_weight_curriculum.{name} must be a finite number")
     if t.warm_start_states and t.parallel != "none":
         raise ConfigError("train.warm_start_states keeps one process's store of states: use train.parallel none")
     if cfg.eval.batch_size < 1 or cfg.eval.max_batches < 1:
@@ -775,6 +817,8 @@ def _validate_model(m: ModelConfig) -> None:
             get_architecture(m.arch).check(base_config, m.settings)
         except ValueError as err:
             raise ConfigError(f"model: {err}") from err
+    if m.pretrained is not None and m.arch == "t2mlr":
+        _check_retrofit_fusion(m.settings)
     if m.d_forward_sampling is not None:
         _validate_depth_sampling(m)
     refusal = checkpointing_refusal(m.arch, m.settings) if m.activation_checkpointing else None
@@ -783,6 +827,18 @@ def _validate_model(m: ModelConfig) -> None:
             f"model.activation_checkpointing checkpoints the blocks a model runs several times per step (T²MLR's "
             f"middle block, a looped model's looped blocks); model.arch {m.arch!r} refuses it: {refusal}"
         )
+
+
+def _check_retrofit_fusion(settings: dict[str, Any]) -> None:
+    """model.pretrained retrofits T²MLR around a trained model, which must start as that model: a fusion
+    variant that is not the identity when fresh is refused here, before anything is loaded."""
+    from t2mlr.model.configuration import DEFAULT_FUSION_WEIGHT
+    from t2mlr.model.fusion import check_retrofit_fusion
+
+    try:
+        check_retrofit_fusion(settings.get("fusion", "gated"), settings.get("fusion_weight", DEFAULT_FUSION_WEIGHT))
+    except ValueError as err:
+        raise ConfigError(f"model.pretrained with model.fusion: {err}") from err
 
 
 def _validate_depth_sampling(m: ModelConfig) -> None:

@@ -66,7 +66,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
             drawn = True
     ax_gate.axhline(0.0, color="grey", linewidth=0.5)
     ax_gate.set(xlabel="step", ylabel="gate value (Φ uses tanh γ)",
-                title="fusion gates" if drawn else "fusion gates (none: plain transformer)")
+                title="fusion gates" if drawn else "fusion gates (none: plain transformer, or a Φ without γ)")
     if drawn:
         ax_gate.legend()
     return save_figure(fig, Path(out) if out else run_dir / "curves.png")

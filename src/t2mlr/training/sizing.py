@@ -67,6 +67,7 @@ from t2mlr.baselines.matching import count_parameters
 from t2mlr.baselines.pause import PauseConfig
 from t2mlr.model import T2MLRConfig
 from t2mlr.model.configuration import build_base_config
+from t2mlr.model.fusion import built_on_meta
 from t2mlr.model.pretrained import HubUnavailableError, load_pretrained_config
 from t2mlr.training.architectures import checkpointing_refusal, get_architecture
 from t2mlr.training.config import ConfigError, ModelConfig, TrainConfig
@@ -340,9 +341,16 @@ def token_loop_layer_bytes(shape: DecoderShape, rows: int, length: int, compute:
     return rows * (length * layer_token_bytes(shape, compute, qk_norm) + attended * (keys + mask))
 
 
-def fusion_token_bytes(d: int, compute: int) -> float:
-    """Φ per fused token: [h; r] for f_cur and f_rec, both sigmoid gates, W_rec's input and output, and the two
-    gated terms the additions keep (h itself is counted once, as the prefix output)."""
+def fusion_token_bytes(config: Any, compute: int) -> float:
+    """Φ per fused token. The paper's Φ (`fusion="gated"` with linear gates): [h; r] for f_cur and f_rec, both
+    sigmoid gates, W_rec's input and output, and the two gated terms the additions keep (h itself is counted
+    once, as the prefix output). Any other variant: an upper bound, every linear's input and output and
+    four more d-wide terms (gates, products, norms), all float32."""
+    d = config.hidden_size
+    if getattr(config, "fusion", "gated") != "gated" or getattr(config, "fusion_gate", "linear") != "linear" \
+            or getattr(config, "fusion_r_norm", False):
+        linears = [m for m in built_on_meta(config).modules() if isinstance(m, nn.Linear)]
+        return FP32 * (sum(m.in_features + m.out_features for m in linears) + 4 * d)
     if compute == FP32:
         return FP32 * 8 * d  # [h; r] (2d, one tensor), σ_cur, σ_cur·h, σ_rec, W_rec r, σ_rec·W_rec r, r
     concatenated = 2 * compute * 2 * d  # autocast casts [h; r] once per linear
@@ -427,7 +435,7 @@ def _recurrence_parts(facts: ModelFacts, rows: int, length: int, compute: int, p
         return {}
     d, tokens = shape.hidden, rows * length
     middle = config.l_end - config.l_start + 1
-    fusion, norm = fusion_token_bytes(d, compute) * tokens, cache_norm_token_bytes(d) * tokens
+    fusion, norm = fusion_token_bytes(config, compute) * tokens, cache_norm_token_bytes(d) * tokens
     prefix_output = FP32 * d * tokens
     if config.train_recurrence == "jacobi":
         passes = config.d_backward + 1

@@ -109,6 +109,7 @@ class StepStats:
     lr: float
     warm_started: float | None = None  # share of micro-batches started from stored states (warm_start_states)
     d_forward: int | None = None  # the step's drawn Jacobi depth (model.d_forward_sampling)
+    recurrent_weight: float | None = None  # the step's λ (train.recurrent_weight_curriculum)
 
 
 def seed_all(seed: int) -> None:
@@ -268,6 +269,10 @@ class Trainer:
         if self.cfg.model.d_forward_sampling is not None:
             depths = self.cfg.model.d_forward_sampling.depths(self.model.config.d_forward)
             log.info("Jacobi depth drawn per step from %s (model.d_forward_sampling)", depths)
+        curriculum = t.recurrent_weight_curriculum
+        if curriculum is not None:
+            log.info("recurrent weight λ (Φ reads λ·R) from %g to %g over %d steps, %s "
+                     "(train.recurrent_weight_curriculum)", curriculum.start, curriculum.end, curriculum.steps, curriculum.schedule)
         log.info("eval forward path: %s (the model's choice%s)",
                  describe_path(self.model, False, self.eval_overrides.get("recurrence")),
                  ", with eval.recurrence" if self.eval_overrides else "")
@@ -347,6 +352,8 @@ class Trainer:
             record["warm_started"] = stats.warm_started
         if stats.d_forward is not None:
             record["d_forward"] = stats.d_forward
+        if stats.recurrent_weight is not None:
+            record["recurrent_weight"] = stats.recurrent_weight
         for name, param in self.gates.items():
             record[name] = float(dist_utils.full_value(param.detach()).float())
         return record
@@ -367,6 +374,7 @@ class Trainer:
         iterations: list[int | None] = []
         warm: list[bool] = []
         depth = self._drawn_depth()
+        weight = self._weigh_recurrence(self.step + 1)
         for index, (batch, n_targets) in enumerate(zip(micro_batches, local_targets)):
             last = index == len(micro_batches) - 1
             inputs = self._model_inputs(batch, depth)
@@ -386,6 +394,7 @@ class Trainer:
                     scaled = out.logits.sum() * 0.0
                 scaled.backward()
             iterations.append(getattr(out, "jacobi_iterations", None))
+        self._weigh_recurrence(None)  # evaluation and checkpoints read R at weight 1
         dist_utils.sync_replicated_grads(self.wrapped, env)
         loss = float(dist_utils.all_reduce(loss_sum, env)) / global_targets
         self._check_finite(loss, "loss")
@@ -397,7 +406,16 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         warm_share = sum(warm) / len(warm) if warm else None
         return StepStats(loss, grad_norm, global_tokens, _mean_iterations(iterations), lr, warm_share,
-                         depth.get("d_forward"))
+                         depth.get("d_forward"), weight)
+
+    def _weigh_recurrence(self, step: int | None) -> float | None:
+        """Set the weight λ with which Φ reads R for training step `step` (train.recurrent_weight_curriculum, a
+        function of the step alone), or back to none (`step` None); returns λ (None without a curriculum)."""
+        curriculum = self.cfg.train.recurrent_weight_curriculum
+        weight = None if curriculum is None or step is None else curriculum.value(step)
+        if curriculum is not None:
+            self.model.model.recurrent_weight = weight
+        return weight
 
     def _drawn_depth(self) -> dict[str, int]:
         """The forward's depth arguments of the step about to run, drawn when model.d_forward_sampling is set (from
