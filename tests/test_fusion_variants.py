@@ -163,6 +163,8 @@ def test_every_path_agrees_for_each_variant(variant: dict, tmp_path: Path) -> No
         exact = model(ids, recurrence="exact").logits
         jacobi = model(ids, recurrence="jacobi", d_forward=length + 1, d_backward=1).logits
         torch.testing.assert_close(jacobi, exact, rtol=1e-4, atol=1e-4)
+        solved = model(ids, recurrence="exact", exact_solver="fixed_point", fixed_point_tol=1e-7, fixed_point_chunk=4)
+        torch.testing.assert_close(solved.logits, exact, rtol=1e-4, atol=1e-4)
         if variant.get("fusion") != "none":  # R reaches the logits
             assert (model(ids, recurrence="off").logits - exact).abs().max() > 1e-2
 
