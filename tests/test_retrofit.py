@@ -154,6 +154,18 @@ def test_l_end_beyond_the_layers_fails_before_loading(pretrained_dir: Path, tmp_
         Trainer(cfg, tmp_path / "run")
 
 
+def test_a_retrofit_to_a_directory_refuses_a_fusion_that_is_not_the_identity_before_loading(
+    pretrained_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from t2mlr.model import pretrained
+    from t2mlr.training.retrofit_command import retrofit_to_directory
+
+    monkeypatch.setattr(pretrained, "load_pretrained_base", lambda *a, **k: pytest.fail("the weights were loaded"))
+    with pytest.raises(ValueError, match="not the identity when fresh"):
+        retrofit_to_directory(str(pretrained_dir), 2, 4, tmp_path / "out", fusion="alpha_coupled")
+    assert not (tmp_path / "out").exists()
+
+
 def test_missing_gguf_file_fails_before_loading(pretrained_dir: Path, tmp_path: Path, no_model_building) -> None:
     cfg = config_from_tree(train_tree(tmp_path, write_ids(tmp_path / "d.jsonl"), gguf_file="absent.gguf"))
     with pytest.raises(PretrainedSourceError, match="GGUF file not found: .*absent.gguf"):

@@ -33,6 +33,7 @@ def retrofit_to_directory(
     """Retrofit `source` as T²MLR(l_start, l_end) and save it with its tokenizer into `out`; returns a summary."""
     from t2mlr.baselines.matching import count_parameters
     from t2mlr.model import T2MLRConfig, T2MLRForCausalLM
+    from t2mlr.model.fusion import check_retrofit_fusion
     from t2mlr.model.pretrained import (
         load_pretrained_base,
         load_pretrained_config,
@@ -44,7 +45,8 @@ def retrofit_to_directory(
             raise FileExistsError(f"{out} exists and is not empty; pass --overwrite or choose another --out")
         shutil.rmtree(out) if out.is_dir() else out.unlink()
     resolved = resolve_pretrained_source(source, gguf_file)
-    T2MLRConfig.from_base(load_pretrained_config(resolved), l_start=l_start, l_end=l_end, **recurrence)  # checks only
+    config = T2MLRConfig.from_base(load_pretrained_config(resolved), l_start=l_start, l_end=l_end, **recurrence)
+    check_retrofit_fusion(config.fusion, config.fusion_weight)  # checks only: all of them before the weights load
     start = time.perf_counter()
     base, tokenizer = load_pretrained_base(resolved)
     base_parameters = count_parameters(base)
