@@ -193,6 +193,18 @@ class ExactChunk:
         """Layer `layer`'s mask for the chunk's tokens `rows`, against the keys its cache holds once they are written."""
         return rows_mask(self.inputs.masks[layer], rows, self.cache, layer, self.offsets[layer])
 
+    def span_inputs(self, rows: slice) -> LayerInputs:
+        """The middle blocks' inputs for the chunk's tokens `rows` run at once, writing to the chunk's cache (the
+        other blocks' masks are left out: they do not run on a span)."""
+        cos, sin = self.inputs.position_embeddings
+        return replace(
+            self.inputs,
+            masks=[self.mask(i, rows) if i in self.offsets else None for i in range(len(self.inputs.masks))],
+            position_ids=self.inputs.position_ids[:, rows],
+            position_embeddings=(cos[:, rows], sin[:, rows]),
+            cache=self.cache,
+        )
+
     def record(self, layer: int, hidden: torch.Tensor) -> None:
         if self.per_layer is not None:
             self.per_layer[layer].append(hidden)
@@ -551,19 +563,12 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
         h_span, real, starts = chunk.h_low[:, span], layout.real[:, span], layout.document_start[:, span]
         span_mask = None if chunk.recurrence_mask is None else chunk.recurrence_mask[:, span]
         latest_real = latest_real_index(real)
-        masks = {i: chunk.mask(i, span) for i in middle}
-        cos, sin = chunk.inputs.position_embeddings
-        position_embeddings, position_ids = (cos[:, span], sin[:, span]), chunk.inputs.position_ids[:, span]
+        inputs = chunk.span_inputs(span)
 
         def one_pass(r_read: torch.Tensor, fuse: bool) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
-            hidden = self._fuse(h_span, r_read, span_mask) if fuse else h_span
-            layer_outputs = []
-            for i in middle:
-                hidden = call_block(
-                    self.layers[i], hidden, attention_mask=masks[i], position_ids=position_ids,
-                    past_key_values=cache, use_cache=True, position_embeddings=position_embeddings,
-                )
-                layer_outputs.append(hidden)
+            layer_outputs: list[torch.Tensor] = []
+            hidden = self._run_layers(middle, self._fuse(h_span, r_read, span_mask) if fuse else h_span, inputs,
+                                      layer_outputs)
             return hidden, self._write_state(hidden, r_read, real), layer_outputs
 
         def take_back(tokens: int) -> None:
