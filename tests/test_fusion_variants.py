@@ -21,7 +21,7 @@ from torch.nn import functional as F
 from t2mlr import T2MLRConfig, T2MLRForCausalLM
 from t2mlr.baselines.costs import DecoderShape, train_step_flops
 from t2mlr.baselines.matching import t2mlr_parameter_count
-from t2mlr.model.configuration import FUSION_KINDS, GATE_PROJECTED_FUSIONS
+from t2mlr.settings import FUSION_KINDS, GATE_PROJECTED_FUSIONS
 from t2mlr.model.fusion import FUSIONS, GATE_PROJECTED, GatedFusion, build_fusion, fusion_multiply_adds
 from t2mlr.training.config import ConfigError, load_config
 from t2mlr.training.model_factory import gate_values

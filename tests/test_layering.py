@@ -1,6 +1,6 @@
 """The package's layers import only downward:
 
-    utils → model → auto_registration → (tasks, generation, corpus, serving) → baselines
+    utils → settings → model → (tasks, generation, corpus, serving) → baselines
           → (training, evaluation) → analysis → experiments → cli
 
 A module may import its own subpackage and any lower layer, never a higher one or a sibling on its own
@@ -21,9 +21,9 @@ import t2mlr
 PACKAGE = Path(t2mlr.__file__).resolve().parent
 LAYERS = {
     "utils": 0,
+    "settings": 0.5,  # every architecture's settings and their checks, as pure data (torch-free)
     "model": 1,
-    "auto_registration": 1.4,  # registers the model's config with the Auto classes once transformers loads them
-    "__init__": 1.5,  # the package root re-exports the model and registers it with the Auto classes
+    "__init__": 1.5,  # the package root re-exports the model's classes, loaded on first use
     "tasks": 2, "generation": 2, "corpus": 2, "serving": 2,
     "baselines": 3,
     "training": 4, "evaluation": 4,

@@ -156,23 +156,28 @@ def saved_tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
-def test_after_a_bare_import_the_auto_classes_load_without_remote_code(saved_tiny: Path, tmp_path: Path) -> None:
-    """`import t2mlr` (which imports neither torch nor transformers) is enough for AutoConfig, AutoModel
-    and AutoModelForCausalLM: the directory's remote-code modules are removed, so nothing else could help."""
+def test_importing_the_model_registers_the_auto_classes_and_a_bare_import_stays_light(
+    saved_tiny: Path, tmp_path: Path
+) -> None:
+    """`import t2mlr` loads neither torch nor transformers and registers nothing; importing the model package
+    registers AutoConfig, AutoModel and AutoModelForCausalLM. The directory's remote-code modules are removed,
+    so nothing else could help; without them a bare import leaves transformers asking for remote code."""
     bare = tmp_path / "bare"
     shutil.copytree(saved_tiny, bare)
     for module in bare.glob("*.py"):
         module.unlink()
     out = _load_in_fresh_process(bare, (
         "import sys\nimport t2mlr\nprint('LOADED', sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
-        "from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, LlamaForCausalLM\n"
+        "import t2mlr.model\n"
+        "from transformers import AutoConfig, AutoModel, AutoModelForCausalLM\n"
         "print(type(AutoConfig.from_pretrained(DIR)).__name__, type(AutoModel.from_pretrained(DIR)).__name__,\n"
         "      type(AutoModelForCausalLM.from_pretrained(DIR)).__name__)\n"
     ))
     assert out.returncode == 0, out.stderr
     assert "LOADED []" in out.stdout and "T2MLRConfig T2MLRModel T2MLRForCausalLM" in out.stdout
-    without = _load_in_fresh_process(bare, "from transformers import AutoModelForCausalLM\nAutoModelForCausalLM.from_pretrained(DIR)")
-    assert without.returncode != 0 and "trust_remote_code" in without.stderr  # the import is what registered it
+    without = _load_in_fresh_process(
+        bare, "import t2mlr\nfrom transformers import AutoModelForCausalLM\nAutoModelForCausalLM.from_pretrained(DIR)")
+    assert without.returncode != 0 and "trust_remote_code" in without.stderr  # the model's import registers it
 
 
 def test_without_the_import_trust_remote_code_loads_the_same_model(saved_tiny: Path) -> None:

@@ -175,7 +175,7 @@ def test_eval_recurrence_takes_the_model_s_path_names() -> None:
     transformers before a config error could be reported); they must stay the model's."""
     import typing
 
-    from t2mlr.model.configuration import RECURRENCE_PATHS
+    from t2mlr.settings import RECURRENCE_PATHS
     from t2mlr.training.config import EvalConfig
 
     literal = next(arg for arg in typing.get_args(typing.get_type_hints(EvalConfig)["recurrence"]) if arg is not type(None))

@@ -4,9 +4,8 @@
 * `resolve_device`: "auto" means CUDA when present, else CPU, everywhere a device is chosen.
 * `check_known_names`: the one way unknown keyword arguments and config keys are refused, with the
   nearest valid spelling in the message.
-* `signature_fields`: the typed keyword parameters of a callable, so a config class's own
-  signature is the schema that YAML and keyword arguments are checked against; `declared_parameters`: the
-  same names read from the source, before the class's module (and transformers) is imported.
+* `signature_fields`: the typed keyword parameters of a callable, the schema that YAML sections and keyword
+  arguments of a callable are checked against (`Field`: one of them).
 * `load_tokenizer`: a Hugging Face tokenizer from a directory, a bare tokenizer.json or a hub id, with
   errors that say what is missing; `prompt_ids`: a prompt's token ids as training and generation read it.
 * `launched_by_torchrun`: read from the environment, so a command refuses a launch before torch loads.
@@ -17,7 +16,6 @@
 from __future__ import annotations
 
 import argparse
-import ast
 import difflib
 import hashlib
 import importlib
@@ -42,6 +40,20 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tok
 
 class TokenizerNotFoundError(ValueError):
     """A tokenizer was asked for where none can be loaded."""
+
+
+class ModelDirectoryError(ValueError):
+    """A model directory lacks something generation or evaluation needs (checked before torch loads)."""
+
+
+def check_model_dir(model_dir: str | Path) -> Path:
+    """The directory as a Path, after checking it holds a model config."""
+    path = Path(model_dir)
+    if not path.is_dir():
+        raise ModelDirectoryError(f"model directory {str(path)!r} does not exist")
+    if not (path / "config.json").is_file():
+        raise ModelDirectoryError(f"{str(path)!r} has no config.json: not a saved model (use save_pretrained)")
+    return path
 
 
 def resolve_device(device: "str | torch.device") -> "torch.device":
@@ -249,20 +261,6 @@ def signature_fields(function: Callable[..., Any], exclude: Iterable[str] = ()) 
         parameter.name: Field(parameter.name, hints.get(parameter.name, Any), parameter.default)
         for parameter in keyword_parameters(function, exclude)
     }
-
-
-def declared_parameters(source: Path, class_name: str, exclude: Iterable[str] = ()) -> list[str]:
-    """The named parameters of `class_name.__init__` in a Python file, read from its source without importing
-    it: what a config class accepts, known before the heavy libraries that file imports are loaded."""
-    tree = ast.parse(source.read_text(encoding="utf-8"), filename=str(source))
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == class_name:
-            for item in node.body:
-                if isinstance(item, ast.FunctionDef) and item.name == "__init__":
-                    arguments = item.args
-                    names = [a.arg for a in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs)]
-                    return [name for name in names if name not in {"self", *exclude}]
-    raise LookupError(f"{source} defines no {class_name}.__init__")
 
 
 def keyword_parameters(function: Callable[..., Any], exclude: Iterable[str] = ()) -> list[inspect.Parameter]:

@@ -29,7 +29,7 @@ from t2mlr.analysis.common import (
     validation_loss,
 )
 from t2mlr.analysis.report import table, write_result
-from t2mlr.model.configuration import check_block_range
+from t2mlr.settings import check_block_range
 from t2mlr.training.arms import arm_from_tree, config_tree, matched_arm, train_arms, validation_batches
 from t2mlr.training.config import config_from_tree
 from t2mlr.training.model_factory import base_config

@@ -26,7 +26,6 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from t2mlr.baselines.transformer import MatchedLlamaConfig
 from t2mlr.model import checks
-from t2mlr.model.configuration import SUPPORTED_MODEL_TYPES as T2MLR_MODEL_TYPES
 from t2mlr.model.configuration import (
     WrapsBaseConfig,
     _as_base_config,
@@ -36,7 +35,9 @@ from t2mlr.model.configuration import (
 from t2mlr.model.layout import TokenLayout
 from t2mlr.model.pretrained import load_pretrained_base
 from t2mlr.model.wrapping import DecoderBackbone, LMHeadOverBackbone, base_decoder, follow_placement
-from t2mlr.utils import Field, check_known_names, signature_fields
+from t2mlr.settings import SUPPORTED_MODEL_TYPES as T2MLR_MODEL_TYPES
+from t2mlr.settings import settings_fields, take_settings
+from t2mlr.utils import Field, check_known_names
 
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
@@ -63,14 +64,17 @@ def check_no_extra_outputs(kwargs: dict[str, Any]) -> None:
 
 
 class WrappedDecoderConfig(WrapsBaseConfig, PretrainedConfig):
-    """A base decoder's config plus a baseline's settings: the `__init__` parameters of the subclass
-    after `base_config` (`settings_fields()`), which the trainer's YAML and `from_base` are checked
-    against. Subclasses set their fields, call this `__init__`, and implement `check_settings`."""
+    """A base decoder's config plus a baseline's settings: the fields of its `settings` class (pure data in
+    `t2mlr.settings`), which the trainer's YAML and `from_base` are checked against. Subclasses name that
+    class and implement `check_settings`."""
 
     wrapper_name: ClassVar[str] = "baseline"
+    settings: ClassVar[type]
 
     def __init__(self, base_config: PretrainedConfig | dict[str, Any] | None = None, **kwargs: Any) -> None:
         self.base_config = _as_base_config(base_config)
+        for name, value in take_settings(self.settings, kwargs).items():
+            setattr(self, name, value)
         inherit_base_fields(self.base_config, kwargs)
         super().__init__(**kwargs)
         if self.base_config is not None:
@@ -79,8 +83,8 @@ class WrappedDecoderConfig(WrapsBaseConfig, PretrainedConfig):
 
     @classmethod
     def settings_fields(cls) -> dict[str, Field]:
-        """The baseline's settings (every `__init__` parameter but `base_config`), typed, with defaults."""
-        return signature_fields(cls.__init__, exclude=("base_config",))
+        """The baseline's settings (its `settings` class's fields), typed, with defaults."""
+        return settings_fields(cls.settings)
 
     @classmethod
     def from_base(cls, base_config: PretrainedConfig | dict[str, Any] | str, **settings: Any) -> WrappedDecoderConfig:

@@ -47,7 +47,7 @@ from t2mlr.baselines.decoder_parts import (
     WrappedDecoderModel,
     check_positive_int,
 )
-from t2mlr.model.configuration import check_block_range
+from t2mlr.settings import LoopedSettings, check_block_range
 from t2mlr.model.wrapping import checkpoint_blocks
 
 __all__ = ["CacheSlot", "LoopedCache", "LoopedConfig", "LoopedForCausalLM", "LoopedModel", "parse_loop_blocks"]
@@ -70,32 +70,15 @@ def parse_loop_blocks(loop_blocks: Any, num_layers: int) -> tuple[int, int]:
 
 
 class LoopedConfig(WrappedDecoderConfig):
-    """A base decoder's config plus the looped block range.
-
-    Args:
-        base_config: config of the wrapped decoder (Llama, Mistral, Qwen2, Qwen3 or the matched Llama).
-        loop_blocks: the looped range as text: "full" (every block) or "S-E", 1-based and inclusive
-            (e.g. "9-22"); sets loop_start and loop_end, and may not contradict them where they are given.
-        loop_start, loop_end: first and last looped block, 1-based and inclusive (1..L loops every block).
-        loops: how many times the range runs per token (K >= 1; 1 is the base model).
-    """
+    """A base decoder's config plus the looped block range (`t2mlr.settings.LoopedSettings`: loop_blocks,
+    loop_start, loop_end, loops)."""
 
     model_type = "t2mlr_looped"
     wrapper_name = "looped Transformer"
+    settings = LoopedSettings
 
-    def __init__(
-        self,
-        base_config: PretrainedConfig | dict[str, Any] | None = None,
-        loop_blocks: str | None = None,
-        loop_start: int | None = None,
-        loop_end: int | None = None,
-        loops: int = 1,
-        **kwargs: Any,
-    ) -> None:
-        self.loop_blocks = loop_blocks
-        self.loop_start = loop_start
-        self.loop_end = loop_end
-        self.loops = loops
+    def __init__(self, base_config: PretrainedConfig | dict[str, Any] | None = None, **kwargs: Any) -> None:
+        # Declared, though it only passes on: transformers gives a config class without an `__init__` a dataclass one.
         super().__init__(base_config, **kwargs)
 
     def check_settings(self) -> None:

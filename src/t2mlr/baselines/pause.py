@@ -67,32 +67,20 @@ from t2mlr.baselines.decoder_parts import (
     check_positive_int,
 )
 from t2mlr.model.layout import TokenLayout
+from t2mlr.settings import PauseSettings
 
 __all__ = ["PauseCache", "PauseConfig", "PauseForCausalLM", "PauseModel", "interleaved_layout"]
 
 
 class PauseConfig(WrappedDecoderConfig):
-    """A base decoder's config plus the pause layout.
-
-    Args:
-        base_config: config of the wrapped decoder (Llama, Mistral, Qwen2, Qwen3 or the matched Llama).
-        pauses: pause tokens after every real token: P − 1 for a ×P model (1 for the paper's ×2).
-        pause_token_id: id of the first pause token (default: the base vocabulary size); pause j has id
-            pause_token_id + j. Must not collide with the vocabulary [0, vocab_size).
-    """
+    """A base decoder's config plus the pause layout (`t2mlr.settings.PauseSettings`: pauses, pause_token_id)."""
 
     model_type = "t2mlr_pause"
     wrapper_name = "pause-token model"
+    settings = PauseSettings
 
-    def __init__(
-        self,
-        base_config: PretrainedConfig | dict[str, Any] | None = None,
-        pauses: int = 1,
-        pause_token_id: int | None = None,
-        **kwargs: Any,
-    ) -> None:
-        self.pauses = pauses
-        self.pause_token_id = pause_token_id
+    def __init__(self, base_config: PretrainedConfig | dict[str, Any] | None = None, **kwargs: Any) -> None:
+        # Declared, though it only passes on: transformers gives a config class without an `__init__` a dataclass one.
         super().__init__(base_config, **kwargs)
 
     @property

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from t2mlr.evaluation import TASKS_DIR
-from t2mlr.utils import nearest_name, resolve_device
+from t2mlr.utils import check_model_dir, nearest_name, resolve_device
 
 __all__ = ["HFLM_ARGS", "MODEL_ARGS", "SHIPPED_TASKS", "help_text", "main", "run_harness", "with_device", "with_shipped_tasks"]
 
@@ -162,8 +162,6 @@ def looks_local(name: str) -> bool:
 
 def check_local_model(args: argparse.Namespace) -> None:
     """A local `pretrained=` directory must hold a saved model (ModelDirectoryError otherwise)."""
-    from t2mlr.generation.loading import check_model_dir  # light: no torch or transformers
-
     model_args = getattr(args, "model_args", None)
     pretrained = model_args.get("pretrained") if isinstance(model_args, dict) else None
     if isinstance(pretrained, str) and looks_local(pretrained):

@@ -44,7 +44,7 @@ import t2mlr.model.modeling  # noqa: F401  (registers the "t2mlr" model type wit
 from t2mlr.evaluation.early_exit import skip_blocks_after
 from t2mlr.generation.text import underlying
 from t2mlr.model import is_t2mlr
-from t2mlr.model.configuration import EXACT_SOLVERS, check_depths
+from t2mlr.settings import EXACT_SOLVERS, check_depths
 from t2mlr.model.modeling import ExactSolveReport
 
 __all__ = ["EVAL_PATHS", "PATH_ARGUMENTS", "T2MLRLM", "check_eval_path"]

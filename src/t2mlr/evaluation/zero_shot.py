@@ -40,6 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from t2mlr.utils import check_model_dir
+
 __all__ = [
     "PAPER_TASKS",
     "MissingTaskDataError",
@@ -225,8 +227,6 @@ def run_zero_shot(
     """Evaluate every checkpoint on the tasks and write OUT/zero_shot.md, OUT/zero_shot.json and lm-eval's
     results per checkpoint (OUT/lm_eval/<label>.json); returns the table rows. `exit_layer`: every checkpoint
     scored with the blocks after that one skipped (`t2mlr.evaluation.early_exit`)."""
-    from t2mlr.generation.loading import check_model_dir  # light: answers before lm-eval and torch load
-
     if not checkpoints:
         raise ValueError("give at least one checkpoint directory")
     specs = task_specs(data_dir, tasks)  # a missing local file fails here, before any model loads

@@ -183,7 +183,7 @@ def check_models(models: Sequence[str], num_layers: int) -> None:
     """Every model name known, none twice, every block range inside the backbone (before any data is written)."""
     from t2mlr.baselines.looped import parse_loop_blocks
     from t2mlr.baselines.matching import MODEL_SPEC_FORMS
-    from t2mlr.model.configuration import check_block_range
+    from t2mlr.settings import check_block_range
 
     if not models:
         raise ValueError(f"name at least one model: {', '.join(NAMED_MODELS)} or one of {MODEL_SPEC_FORMS}")

@@ -24,7 +24,7 @@ import argparse
 import sys
 from dataclasses import fields
 
-from t2mlr.utils import DTYPES
+from t2mlr.utils import DTYPES, ModelDirectoryError, check_model_dir
 
 PREFILL_CHOICES = ("exact", "jacobi", "fixed_point")  # t2mlr.model.generation.PREFILL_PATHS; checked again when the model runs
 COMPILE_CHOICES = ("off", "default", "reduce-overhead", "max-autotune")  # t2mlr.generation.text.COMPILE_MODES
@@ -77,12 +77,6 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def run_generate(args: argparse.Namespace) -> int:
     """Load, generate with streaming, end with a newline. Setup problems exit with code 2 and one line."""
-    from t2mlr.generation.loading import (
-        ModelDirectoryError,
-        check_model_dir,
-        load_model,
-    )
-
     try:  # a missing or empty directory is reported before torch and transformers load
         check_model_dir(args.model_dir)
     except ModelDirectoryError as err:
@@ -91,6 +85,7 @@ def run_generate(args: argparse.Namespace) -> int:
     getattr(args, "load_model_types", lambda: None)()  # `t2mlr generate`: every model type the library defines
     from transformers import TextStreamer
 
+    from t2mlr.generation.loading import load_model
     from t2mlr.generation.text import GenerationSettings, generate_text
     from t2mlr.utils import load_tokenizer
 

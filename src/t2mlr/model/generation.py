@@ -15,8 +15,9 @@ from typing import Any
 import torch
 from transformers import GenerationMixin
 
+from t2mlr.settings import check_depths, check_jacobi_tol
+
 from .cache import T2MLRCache, T2MLRStaticCache
-from .configuration import check_depths, check_jacobi_tol
 
 PREFILL_PATHS = ("exact", "jacobi", "fixed_point")
 JACOBI_ONLY_KWARGS = ("d_forward", "d_backward", "jacobi_tol")

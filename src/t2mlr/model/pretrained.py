@@ -44,9 +44,9 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from t2mlr.settings import SUPPORTED_MODEL_TYPES
 from t2mlr.utils import TOKENIZER_FILES
 
-from .configuration import SUPPORTED_MODEL_TYPES
 from .wrapping import check_wrappable
 
 __all__ = [

@@ -46,7 +46,8 @@ except ModuleNotFoundError as missing:
 {copy_imports}
 '''
 # transformers copies into its module cache only the modules an entry module's lines import (and theirs):
-# the config's needs the model's as well, since a config, once built, registers the model with the Auto classes.
+# the config's needs the model's as well, so that a config loaded alone registers the model with the Auto classes,
+# as importing the installed package does.
 MODEL_REGISTRATION = "from .modeling import register_auto_classes  # importing the model registers it"
 
 

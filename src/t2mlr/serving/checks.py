@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from t2mlr.model.configuration import SUPPORTED_MODEL_TYPES
+from t2mlr.settings import SUPPORTED_MODEL_TYPES
 
 ARCHITECTURE = "T2MLRForCausalLM"
 

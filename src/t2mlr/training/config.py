@@ -29,7 +29,8 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from t2mlr.utils import check_known_names, declared_parameters, nearest_name, signature_fields
+from t2mlr.settings import ARCHITECTURE_SETTINGS, settings_fields
+from t2mlr.utils import check_known_names, nearest_name, signature_fields
 
 PRESET_DIRS = (
     Path(__file__).resolve().parents[1] / "configs",  # shipped in the package; <repo>/configs links here
@@ -57,26 +58,10 @@ _ConfigLoader.add_constructor(
 )
 
 
-# Where each `model.arch` declares its settings: the `__init__` parameters (but base_config) of its config
-# class, which `training/architectures.py` reads from the imported class. Their names are read here from the
-# source, so that a misspelt `model.` key is answered before transformers is imported; a test checks that
-# both readings agree.
-SETTINGS_DECLARED_BY: dict[str, tuple[str, str] | None] = {
-    "t2mlr": ("model/configuration.py", "T2MLRConfig"),
-    "looped": ("baselines/looped.py", "LoopedConfig"),
-    "pause": ("baselines/pause.py", "PauseConfig"),
-    "transformer": None,  # the base model itself: no settings
-}
-
-
 @functools.cache
 def declared_settings(arch: str) -> list[str]:
-    """The setting names of `model.arch` ARCH, from its config class's source (see SETTINGS_DECLARED_BY)."""
-    declared = SETTINGS_DECLARED_BY[arch]
-    if declared is None:
-        return []
-    path, class_name = declared
-    return declared_parameters(Path(__file__).resolve().parents[1] / path, class_name, exclude=("base_config",))
+    """The setting names of `model.arch` ARCH (its settings class in `t2mlr.settings`)."""
+    return list(settings_fields(ARCHITECTURE_SETTINGS[arch]))
 
 
 @dataclass
@@ -194,16 +179,16 @@ class ModelConfig:
 
 
 def check_model_keys(data: Mapping[str, Any], where: str = "model.") -> None:
-    """Every key of a `model:` section is the trainer's or a setting of its `model.arch`, read from the sources
-    (SETTINGS_DECLARED_BY), so a misspelt key is answered before transformers loads."""
+    """Every key of a `model:` section is the trainer's or a setting of its `model.arch` (`t2mlr.settings`, pure
+    data), so a misspelt key is answered before transformers loads."""
     own = [f.name for f in dataclasses.fields(ModelConfig) if f.name != "settings"]
     arch_name = data.get("arch", ModelConfig.arch)
-    if arch_name not in SETTINGS_DECLARED_BY:
-        raise ConfigError(f"{where}arch: must be one of {list(SETTINGS_DECLARED_BY)}, got {arch_name!r}")
+    if arch_name not in ARCHITECTURE_SETTINGS:
+        raise ConfigError(f"{where}arch: must be one of {list(ARCHITECTURE_SETTINGS)}, got {arch_name!r}")
     valid = own + declared_settings(arch_name)
     for key in data:
         if key not in valid:
-            owner = next((name for name in SETTINGS_DECLARED_BY if key in declared_settings(name)), None)
+            owner = next((name for name in ARCHITECTURE_SETTINGS if key in declared_settings(name)), None)
             if owner is None:
                 raise ConfigError(_unknown_key_message(f"{where}{key}", key, valid))
             raise ConfigError(
@@ -832,7 +817,7 @@ def _validate_model(m: ModelConfig) -> None:
 def _check_retrofit_fusion(settings: dict[str, Any]) -> None:
     """model.pretrained retrofits T²MLR around a trained model, which must start as that model: a fusion
     variant that is not the identity when fresh is refused here, before anything is loaded."""
-    from t2mlr.model.configuration import DEFAULT_FUSION_WEIGHT
+    from t2mlr.settings import DEFAULT_FUSION_WEIGHT
     from t2mlr.model.fusion import check_retrofit_fusion
 
     try:
