@@ -23,8 +23,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
+import transformers
 
 from t2mlr.analysis.report import markdown_table
+from t2mlr.training.config import DataConfig
+from t2mlr.training.data import build_dataset
 
 
 def cpu_model() -> str:
@@ -39,8 +42,6 @@ def cpu_model() -> str:
 
 def machine_info(device: torch.device) -> dict[str, str]:
     """Everything a reader needs to compare timings taken on another machine."""
-    import transformers
-
     info = {
         "date": _dt.datetime.now().strftime("%Y-%m-%d %H:%M"),
         "cpu": cpu_model(),
@@ -139,8 +140,6 @@ def parse_placements(text: str) -> list[tuple[int, int]]:
 def text_rows(data: Path, tokenizer: str, seq_len: int, count: int | None = None) -> dict[str, torch.Tensor]:
     """The first `count` (default: all) packed rows of `seq_len` tokens of a jsonl of {"text"} lines (the
     trainer's packing: positions restart at every document start), for benchmarks on trained checkpoints."""
-    from t2mlr.training.config import DataConfig
-    from t2mlr.training.data import build_dataset
 
     rows = build_dataset(DataConfig(source="jsonl", path=str(data), tokenizer=tokenizer, seq_len=seq_len))
     count = len(rows) if count is None else count

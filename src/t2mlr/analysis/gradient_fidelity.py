@@ -37,8 +37,9 @@ from t2mlr.analysis.common import (
     load_t2mlr_model,
     model_inputs,
 )
-from t2mlr.analysis.report import table, write_result
 from t2mlr.analysis.depth_grid import DEFAULT_ANCHOR, DEFAULT_DEPTHS
+from t2mlr.analysis.figures import plot_gradient_fidelity
+from t2mlr.analysis.report import table, write_result
 from t2mlr.model import is_t2mlr
 from t2mlr.training.data import build_dataset
 
@@ -199,8 +200,6 @@ def run_gradient_fidelity(
 ) -> dict[str, Any]:
     """Load the model and one batch of `batch_size` rows drawn at random (by `seed`) from `data`, compute
     every setting's gradient against the anchor's, and write gradient_fidelity.md/.json/.png to `out`."""
-    from t2mlr.analysis.figures import plot_gradient_fidelity
-
     depths = list(depths if depths is not None else parse_depths(DEFAULT_DEPTHS))
     model_dir = Path(model_dir)
     model, info = load_t2mlr_model(model_dir, device, dtype,

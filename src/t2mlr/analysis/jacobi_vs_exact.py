@@ -45,6 +45,7 @@ from t2mlr.analysis.common import (
     model_inputs,
     validation_loss,
 )
+from t2mlr.analysis.figures import plot_jacobi_depths, plot_jacobi_vs_exact
 from t2mlr.analysis.report import table, write_result
 from t2mlr.model import is_t2mlr
 from t2mlr.training.arms import TrainedArm, arm_from_tree, config_tree, matched_arm, train_arms, validation_batches
@@ -169,8 +170,6 @@ def run_jacobi_vs_exact(
     with_transformer: bool = True, workers: int = 1,
 ) -> dict[str, Any]:
     """Train the arms (in turn), evaluate each on both paths, write jacobi_vs_exact.md/.json/.png to OUT."""
-    from t2mlr.analysis.figures import plot_jacobi_vs_exact
-
     depths = Depths(d_forward, d_backward, d_forward if eval_d_forward is None else eval_d_forward)
     if depths.eval_d_forward < 1:
         raise ValueError(f"--eval-d-forward must be >= 1, got {depths.eval_d_forward}")
@@ -284,8 +283,6 @@ def run_jacobi_depths(
 ) -> dict[str, Any]:
     """Evaluate a trained T²MLR model on `rows` rows drawn at random (by `seed`) from `data` on the exact path
     and on the Jacobi path at each depth; write jacobi_depths.md/.json/.png to `out`."""
-    from t2mlr.analysis.figures import plot_jacobi_depths
-
     model_dir = Path(model_dir)
     model, info = load_t2mlr_model(model_dir, device, "float32", "Jacobi depths need a T²MLR model")
     cfg = data_config_for(data, model_dir, seq_len, tokenizer, eos_token_id)

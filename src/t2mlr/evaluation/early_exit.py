@@ -31,7 +31,9 @@ from typing import Any
 
 import torch
 from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM
 
+from t2mlr.baselines import LoopedForCausalLM, PauseForCausalLM, RecurrentLMForCausalLM
 from t2mlr.generation.text import underlying
 from t2mlr.model import is_t2mlr
 
@@ -56,8 +58,6 @@ class SkippedBlock(nn.Module):
 def _blocks(model: nn.Module) -> nn.ModuleList:
     """The decoder blocks of a plain causal LM or T²MLR (`model.model.layers`); ValueError for a model whose
     early exit is not defined here (see the module docstring)."""
-    from t2mlr.baselines import LoopedForCausalLM, PauseForCausalLM, RecurrentLMForCausalLM
-
     if isinstance(model, (LoopedForCausalLM, PauseForCausalLM)):
         raise ValueError(f"{type(model).__name__} runs its blocks several times or over pause tokens: an early exit "
                          "after one block is defined for plain decoders and T²MLR only")
@@ -90,11 +90,8 @@ def check_exit_layer(model: nn.Module, exit_layer: int) -> None:
 
 def check_saved_exit_layer(model_dir: str, exit_layer: int) -> None:
     """`check_exit_layer` for a saved model, read from its config alone (the model is built on the meta device, no
-    weights are loaded), so a bad exit layer is refused before an evaluation loads and scores anything."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    import t2mlr.baselines  # noqa: F401  (registers the baselines' model types)
-
+    weights are loaded), so a bad exit layer is refused before an evaluation loads and scores anything. (Importing
+    the baselines registered their model types.)"""
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
     check_exit_layer(model, exit_layer)

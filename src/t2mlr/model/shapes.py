@@ -8,12 +8,11 @@ baselines' presets and the experiments all start from these shapes, so they are 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from transformers import LlamaConfig
 
-if TYPE_CHECKING:
-    from .configuration import T2MLRConfig
+from .configuration import T2MLRConfig
 
 SMOLLM2_VOCAB = 49152
 
@@ -91,8 +90,6 @@ def base_config_for_shape(name: str, **overrides: Any) -> LlamaConfig:
     return SHAPES[name](**overrides)
 
 
-def smollm2_135m_t2mlr_config(l_start: int = 13, l_end: int = 18, **settings: Any) -> "T2MLRConfig":
+def smollm2_135m_t2mlr_config(l_start: int = 13, l_end: int = 18, **settings: Any) -> T2MLRConfig:
     """T²MLR(l_start, l_end) on the SmolLM2-135M shape (the paper's main placement by default)."""
-    from .configuration import T2MLRConfig
-
     return T2MLRConfig.from_base(smollm2_135m_base_config(), l_start=l_start, l_end=l_end, **settings)

@@ -41,6 +41,13 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 
 from t2mlr.model.checkpoint_keys import current_key
 from t2mlr.training.distributed import DistEnv, barrier, broadcast_object
@@ -238,8 +245,6 @@ def restore_rng(state: dict[str, Any]) -> None:
 def full_states(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """The model's and the optimizer's full CPU state dicts. Collective under FSDP/DDP: call on every rank; rank 0
     receives them."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
-
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     return get_model_state_dict(model, options=options), get_optimizer_state_dict(model, optimizer, options=options)
 
@@ -247,8 +252,6 @@ def full_states(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dic
 def load_full_states(model: nn.Module, optimizer: torch.optim.Optimizer, weights: dict[str, torch.Tensor],
                      optimizer_state: dict[str, Any]) -> None:
     """Full state dicts into the model (strictly: every key) and the optimizer, whatever their wrapping."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
-
     set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, strict=True))
     set_optimizer_state_dict(model, optimizer, optimizer_state, options=StateDictOptions(full_state_dict=True))
 

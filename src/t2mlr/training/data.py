@@ -41,6 +41,8 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Sampler
 from tqdm.auto import tqdm
 
+from t2mlr.corpus.dataset import ShardedTokenDataset
+from t2mlr.corpus.errors import CorpusError
 from t2mlr.model.layout import positions_within_documents
 from t2mlr.training.config import DataConfig, dataset_callable, dataset_kwargs
 from t2mlr.training.data_files import DataError, existing_data_file, json_object
@@ -294,8 +296,6 @@ def build_dataset(cfg: DataConfig, vocab_size: int | None = None, name: str = "d
         return pack_documents(docs, cfg.seq_len, source=str(file))
     dataset: Dataset
     if cfg.source == "shards":
-        from t2mlr.corpus.dataset import ShardedTokenDataset
-        from t2mlr.corpus.errors import CorpusError
 
         try:
             dataset = ShardedTokenDataset(cfg.path, cfg.seq_len)

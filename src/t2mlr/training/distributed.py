@@ -26,6 +26,7 @@ from typing import Literal, TypeVar
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import fully_shard
 
 from t2mlr.utils import launched_by_torchrun, resolve_device
 
@@ -118,8 +119,6 @@ def apply_fsdp(model: nn.Module, layers: list[nn.Module], middle: set[int]) -> n
     `layers` are the decoder layers in order; `middle` holds 0-based indices of the blocks that run
     several times per step (T²MLR's middle block, looped blocks), which are not resharded after forward.
     """
-    from torch.distributed.fsdp import fully_shard
-
     ignored = {p for p in model.parameters() if p.ndim == 0}
     for index, layer in enumerate(layers):
         fully_shard(layer, reshard_after_forward=index not in middle, ignored_params=ignored & set(layer.parameters()))

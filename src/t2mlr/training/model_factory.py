@@ -23,6 +23,7 @@ from t2mlr.model import is_t2mlr
 from t2mlr.model.configuration import build_base_config
 from t2mlr.model.pretrained import load_pretrained_base, load_pretrained_config
 from t2mlr.training.architectures import get_architecture
+from t2mlr.training.checkpoint import MODEL_FILE, load_weights
 from t2mlr.training.config import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -69,8 +70,6 @@ def describe_path(model: nn.Module, training: bool, recurrence: str | None = Non
 
 def load_initial_weights(model: nn.Module, path: Path) -> None:
     """Initialise from a training checkpoint directory (its model.safetensors) or a safetensors file."""
-    from t2mlr.training.checkpoint import MODEL_FILE, load_weights
-
     file = path / MODEL_FILE if path.is_dir() else path
     if not file.is_file():
         raise FileNotFoundError(f"model.init_from: no weights at {file}")

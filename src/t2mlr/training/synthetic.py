@@ -12,6 +12,7 @@ import torch
 from torch.utils.data import Dataset
 
 from t2mlr.model.layout import positions_within_documents
+from t2mlr.tasks.tokenizers import numbered_tokenizer
 from t2mlr.utils import IGNORE_INDEX
 
 __all__ = ["SYNTHETIC_DEFAULTS", "SyntheticChainDataset"]
@@ -45,8 +46,6 @@ class SyntheticChainDataset(Dataset):
     def tokenizer(self) -> Any:
         """Words `t0 .. t{V-1}` for the token ids (`t2mlr.tasks.tokenizers.numbered_tokenizer`): saved with
         the run's checkpoints, so they load in `t2mlr generate`."""
-        from t2mlr.tasks.tokenizers import numbered_tokenizer
-
         return numbered_tokenizer(self.vocab_size)
 
     def __len__(self) -> int:

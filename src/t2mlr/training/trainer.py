@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import yaml
 from tqdm.auto import tqdm
 
@@ -606,8 +607,6 @@ def train(
 ) -> TrainResult:
     """Build a Trainer and run it (see `Trainer.train` for `stop_after`). A process group this call
     created is left again, also on errors."""
-    import torch.distributed as dist
-
     owns_group = not (dist.is_available() and dist.is_initialized())
     try:
         return Trainer(cfg, out_dir, resume=resume, allow_config_change=allow_config_change).train(stop_after)
