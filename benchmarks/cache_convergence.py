@@ -34,15 +34,15 @@ import statistics
 from pathlib import Path
 
 import torch
-
-from t2mlr import T2MLRForCausalLM
 import yaml
 
-from t2mlr.experiments.finetune import FinetuneTask, config_name, prediction_rows
+from t2mlr import T2MLRForCausalLM
+from t2mlr.experiments.finetune import prediction_rows
+from t2mlr.experiments.sections import FinetuneTask, preset_config
 from t2mlr.generation.text import GenerationSettings, generate_batched
+from t2mlr.tasks.jsonl import read_jsonl
 from t2mlr.tasks.sft import sft_row
 from t2mlr.training.config import load_sections
-from t2mlr.tasks.jsonl import read_jsonl
 from t2mlr.training.data import Collator
 from t2mlr.utils import IGNORE_INDEX, load_tokenizer
 
@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(1)
     meta = json.loads((args.run / "data" / "meta.json").read_text(encoding="utf-8"))
-    _, sections = load_sections(config_name(args.preset, meta["task"]), [], {"task": FinetuneTask})
+    _, sections = load_sections(preset_config("finetune", args.preset, meta["task"]), [], {"task": FinetuneTask})
     tokenizer = load_tokenizer(str(args.run / "data" / "tokenizer"))
     held_out = read_jsonl(args.run / "data" / "eval.jsonl")[: args.rows]
     train = read_jsonl(args.run / "data" / "train.jsonl")[: args.rows]

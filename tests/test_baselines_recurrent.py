@@ -132,13 +132,13 @@ def test_gru_and_rnn_train_in_the_s5_experiment(tmp_path) -> None:
     import yaml
     from test_experiment_s5 import run_experiment
 
-    from t2mlr.experiments.parameter_counts import PARAM_PRESETS
+    from t2mlr.experiments.parameter_counts import preset_model
 
     out = tmp_path / "s5"
     results = run_experiment(out, overrides=("train.max_steps=2", "task.baseline_steps=2"), models=("gru", "rnn"),
                              workers=1)
     assert [r.label for r in results] == ["GRU (matched)", "RNN (matched)"]
-    target = t2mlr_parameter_count(PARAM_PRESETS["s5-tiny"]())
+    target = t2mlr_parameter_count(preset_model("s5-tiny"))
     for result in results:
         base = yaml.safe_load((out / result.name / "config.yaml").read_text())["model"]["base"]
         assert base["model_type"] == f"t2mlr_{result.name}"

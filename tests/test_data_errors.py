@@ -11,13 +11,13 @@ import torch
 from torch.utils.data import Dataset
 
 from t2mlr.training.config import DataConfig
-from t2mlr.training.synthetic import SyntheticChainDataset
 from t2mlr.training.data import (
     DataError,
     build_dataset,
     check_token_range,
     read_jsonl_documents,
 )
+from t2mlr.training.synthetic import SyntheticChainDataset
 
 
 def _jsonl(path: Path, lines: list[str]) -> Path:
@@ -236,9 +236,10 @@ def test_the_range_check_draws_nothing_from_the_global_generators(tmp_path: Path
     import random
 
     from t2mlr.experiments import s5 as experiment
+    from t2mlr.experiments.sections import preset_config
     from t2mlr.training.config import config_from_tree, load_sections
 
-    tree, sections = load_sections(experiment.config_name("tiny"), [], {"task": experiment.S5Task})
+    tree, sections = load_sections(preset_config("s5", "tiny"), [], {"task": experiment.S5Task})
     tokenizer, _ = experiment.prepare_data(sections["task"], 0, tmp_path / "data", {})
     filled = experiment.filled_tree(sections["task"], tree, tokenizer, tmp_path / "data" / "tokenizer")
     s5 = config_from_tree(filled).data

@@ -21,6 +21,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from t2mlr.cli import main as cli_main
 from t2mlr.experiments import finetune
 from t2mlr.experiments.finetune import FinetuneTask, rescore_predictions, wilson_interval
+from t2mlr.experiments.sections import preset_config
 from t2mlr.tasks.jsonl import write_jsonl
 from t2mlr.tasks.reasoning import load_task_data, score_output
 from t2mlr.tasks.scoring import qa_token_f1
@@ -35,7 +36,7 @@ def encode_sft(tokenizer, prompt: str, target: str, prompt_recurrence_mask: bool
 
 
 def load_finetune(preset: str, task: str, overrides: tuple[str, ...] = ()) -> tuple[FinetuneTask, dict]:
-    tree, sections = load_sections(finetune.config_name(preset, task), overrides, {"task": FinetuneTask})
+    tree, sections = load_sections(preset_config("finetune", preset, task), overrides, {"task": FinetuneTask})
     return sections["task"], tree
 
 # ---------------------------------------------------------------------------------------------- scoring

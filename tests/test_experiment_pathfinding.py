@@ -14,6 +14,7 @@ from t2mlr.cli import main as cli_main
 from t2mlr.experiments import pathfinding
 from t2mlr.experiments.commands import load
 from t2mlr.experiments.finetune import StartingPoint, rescore_predictions
+from t2mlr.experiments.sections import preset_config
 from t2mlr.tasks.jsonl import write_jsonl
 from t2mlr.tasks.pathfinding import generate_pathfinding, parse_path
 
@@ -74,7 +75,7 @@ def test_a_bad_row_is_named_with_file_and_line_on_stderr(tmp_path: Path, capsys:
 def test_the_paper_preset_retrofits_the_releases_model_without_a_download() -> None:
     """The paper preset's plan names the release's hub model (nothing is loaded); a dry run sizes its shape;
     --retrofit replaces it."""
-    task, tree = load(pathfinding.config_name("paper"), [], pathfinding.PathfindingTask)
+    task, tree = load(preset_config("pathfinding", "paper"), [], pathfinding.PathfindingTask)
     assert task.pretrained == "HuggingFaceTB/SmolLM2-135M" and task.arms == ("t2mlr:3-28", "transformer")
     assert pathfinding.plan("paper", task, tree).start == StartingPoint("retrofit", model=task.pretrained)
     assert pathfinding.plan("paper", task, tree, dry_run=True).start.kind == "shape"

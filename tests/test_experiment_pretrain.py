@@ -106,13 +106,14 @@ def test_equal_token_comparison_reads_each_curve_at_the_slowest_arms_tokens() ->
 
 def test_task_settings_are_checked_and_arms_can_be_chosen() -> None:
     from t2mlr.experiments.commands import load
-    from t2mlr.experiments.pretrain import PretrainTask, config_name, dry_run_arms
+    from t2mlr.experiments.pretrain import dry_run_arms
+    from t2mlr.experiments.sections import PretrainTask, preset_config
 
     for bad, message in ((dict(arms=("transformer", "lstm")), "task.arms"), (dict(arms=()), "task.arms"),
                          (dict(tokenizer_documents=0), "tokenizer_documents"), (dict(tokenize_workers=0), "workers"),
                          (dict(eval_batches=2, exact_eval_batches=3), "exact_eval_batches")):
         with pytest.raises(ValueError, match=message):
             PretrainTask(**bad)
-    task, tree = load(config_name("gpu"), [], PretrainTask)
+    task, tree = load(preset_config("pretrain", "gpu"), [], PretrainTask)
     arms, _ = dry_run_arms(tree, "/tmp/unused", task.arms)
     assert [arm.name for arm in arms] == ["t2mlr_middle", "transformer"] and tree["train"]["max_seconds"] == 160

@@ -15,6 +15,7 @@ from transformers import PreTrainedTokenizerBase
 from t2mlr.experiments import s5
 from t2mlr.experiments.commands import register
 from t2mlr.experiments.s5 import RESULTS_MD, evaluate_by_n, forward_kwargs, summarize
+from t2mlr.experiments.sections import preset_config
 from t2mlr.tasks.jsonl import write_jsonl
 from t2mlr.tasks.s5 import generates_s5, generating_set, token_to_perm
 from t2mlr.tasks.s5_data import (
@@ -32,7 +33,7 @@ ALPHABET = "ABCDEFGH"
 
 
 def load_s5(preset: str, overrides: tuple[str, ...] = ()) -> tuple[s5.S5Task, dict]:
-    tree, sections = load_sections(s5.config_name(preset), overrides, {"task": s5.S5Task})
+    tree, sections = load_sections(preset_config("s5", preset), overrides, {"task": s5.S5Task})
     return sections["task"], tree
 
 

@@ -22,11 +22,12 @@ from t2mlr import T2MLRForCausalLM
 from t2mlr.cli import main as cli_main
 from t2mlr.experiments import retrofit
 from t2mlr.experiments.retrofit import RetrofitTask
+from t2mlr.experiments.sections import preset_config
+from t2mlr.model.pretrained import IncompatibleBaseError, PretrainedSourceError
+from t2mlr.tasks.arithmetic import ArithmeticSettings
 from t2mlr.tasks.arithmetic import arithmetic_retrofit_records as arithmetic_records
 from t2mlr.tasks.loaders import gsm8k_records
 from t2mlr.tasks.sft import SFTDataset
-from t2mlr.model.pretrained import IncompatibleBaseError, PretrainedSourceError
-from t2mlr.tasks.arithmetic import ArithmeticSettings
 from t2mlr.tasks.tokenizers import build_word_tokenizer, word_vocab_from_texts
 from t2mlr.training import model_factory
 from t2mlr.training.config import ConfigError, config_from_tree, load_config, load_sections
@@ -36,7 +37,7 @@ SETTINGS = ArithmeticSettings(min_steps=2, max_steps=3)
 
 
 def load_retrofit(preset: str, overrides: tuple[str, ...] = ()) -> tuple[RetrofitTask, dict]:
-    tree, sections = load_sections(retrofit.config_name(preset), overrides, {"task": RetrofitTask})
+    tree, sections = load_sections(preset_config("retrofit", preset), overrides, {"task": RetrofitTask})
     return sections["task"], tree
 
 

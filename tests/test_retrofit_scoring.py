@@ -17,9 +17,10 @@ from t2mlr.experiments.retrofit import (
     score_reply,
     write_summary,
 )
+from t2mlr.experiments.sections import preset_config
+from t2mlr.tasks.jsonl import write_jsonl
 from t2mlr.tasks.loaders import math500_records
 from t2mlr.training.config import load_sections
-from t2mlr.tasks.jsonl import write_jsonl
 
 
 def omr_file(path: Path, rows: int = 3) -> Path:
@@ -32,7 +33,7 @@ def test_paper_preset_evaluates_every_row_of_the_gsm8k_file(tmp_path: Path) -> N
     """All 1319 problems of GSM8K's test split (a file of that many rows stands in for it), not a prefix."""
     gsm8k = tmp_path / "gsm8k_test.jsonl"
     write_jsonl([{"question": f"Q{i}?", "answer": f"step\n#### {i}"} for i in range(1319)], gsm8k)
-    _, sections = load_sections(retrofit.config_name("paper"), [f"task.train_path={omr_file(tmp_path / 'omr.jsonl')}",
+    _, sections = load_sections(preset_config("retrofit", "paper"), [f"task.train_path={omr_file(tmp_path / 'omr.jsonl')}",
                                                                 f"task.eval_path={gsm8k}"], {"task": retrofit.RetrofitTask})
     train, evaluation = build_records(sections["task"], 0)
     assert len(evaluation) == 1319 and evaluation[-1]["answer"] == "1318"

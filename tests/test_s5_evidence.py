@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from t2mlr.experiments.s5 import run_dir_name
-from t2mlr.experiments.s5_evidence import DESIGNS, MAIN_ARMS, run_study
+from t2mlr.experiments.s5_evidence import run_study
+from t2mlr.experiments.sections import DESIGNS, MAIN_ARMS
 from t2mlr.training.metrics import optimizer_step_seconds, read_metrics
 from t2mlr.training.trainer import NonFiniteLossError, Trainer
 

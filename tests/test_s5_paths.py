@@ -12,8 +12,9 @@ import yaml
 
 from t2mlr.baselines.matching import count_parameters, parse_model_spec
 from t2mlr.experiments import s5
-from t2mlr.experiments.commands import presets, register
+from t2mlr.experiments.commands import register
 from t2mlr.experiments.s5 import RESULTS_JSON, steps_of
+from t2mlr.experiments.sections import preset_config, presets
 from t2mlr.tasks.tokenizers import build_s5_tokenizer
 from t2mlr.training.config import load_sections
 from t2mlr.training.model_factory import build_model
@@ -36,7 +37,7 @@ def _train_records(run_dir) -> list[dict]:
 
 def _arms(preset: str, names: tuple[str, ...]) -> tuple[s5.S5Task, dict]:
     """The arms as the experiment builds them, on a preset's config filled in for its tokenizer."""
-    tree, sections = load_sections(s5.config_name(preset), ["train.device=cpu"], {"task": s5.S5Task})
+    tree, sections = load_sections(preset_config("s5", preset), ["train.device=cpu"], {"task": s5.S5Task})
     task = sections["task"]
     filled = s5.filled_tree(task, tree, build_s5_tokenizer(task.k, task.alphabet), "unused")
     return task, s5.build_arms(task, filled, names)

@@ -11,6 +11,7 @@ import torch
 
 from t2mlr.experiments import s5
 from t2mlr.experiments.s5 import RESULTS_JSON, run_dir_name
+from t2mlr.experiments.sections import preset_config
 from t2mlr.training.arms import fixed_threads
 from t2mlr.training.checkpoint import LATEST, MODEL_FILE, load_weights
 from t2mlr.training.config import ConfigError, load_sections
@@ -19,7 +20,7 @@ MODELS = ("t2mlr", "t2mlr:1-2:jacobi:4:2", "transformer", "lstm")
 
 
 def run_experiment(out: Path, steps: int, *overrides: str, **options) -> list:
-    tree, sections = load_sections(s5.config_name("tiny"), [f"train.max_steps={steps}", f"task.baseline_steps={steps}",
+    tree, sections = load_sections(preset_config("s5", "tiny"), [f"train.max_steps={steps}", f"task.baseline_steps={steps}",
                                                           "train.device=cpu", *overrides], {"task": s5.S5Task})
     return s5.run("tiny", sections["task"], tree, out, **options)
 
@@ -63,6 +64,6 @@ def test_the_thread_count_and_kernels_are_recorded_and_checked(tmp_path) -> None
     report = (tmp_path / "s5" / "results.md").read_text(encoding="utf-8")
     assert "computed on 1 torch thread(s)" in report and f"with torch's {kernels} CPU kernels" in report
     with pytest.raises(ValueError, match="torch_threads must be >= 1"):
-        load_sections(s5.config_name("tiny"), ["task.torch_threads=0"], {"task": s5.S5Task})
+        load_sections(preset_config("s5", "tiny"), ["task.torch_threads=0"], {"task": s5.S5Task})
     with pytest.raises(ConfigError, match="Did you mean 'torch_threads'"):
-        load_sections(s5.config_name("tiny"), ["task.torch_thread=2"], {"task": s5.S5Task})
+        load_sections(preset_config("s5", "tiny"), ["task.torch_thread=2"], {"task": s5.S5Task})

@@ -15,8 +15,9 @@ import torch
 
 from t2mlr.experiments import s5
 from t2mlr.experiments.s5 import RESULTS_JSON
-from t2mlr.training.config import load_sections
+from t2mlr.experiments.sections import preset_config
 from t2mlr.training.checkpoint import LATEST, MODEL_FILE, load_weights
+from t2mlr.training.config import load_sections
 from t2mlr.training.trainer import Trainer
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -27,7 +28,7 @@ TRAIN_STEP = Trainer.train_step
 def run_experiment(out: Path, steps: int, checkpoint_every: int = 0, **options) -> list:
     overrides = [f"train.max_steps={steps}", f"task.baseline_steps={steps}", f"checkpoint.every={checkpoint_every}",
                  "train.device=cpu"]
-    tree, sections = load_sections(s5.config_name("tiny"), overrides, {"task": s5.S5Task})
+    tree, sections = load_sections(preset_config("s5", "tiny"), overrides, {"task": s5.S5Task})
     return s5.run("tiny", sections["task"], tree, out, **options)
 
 
@@ -100,7 +101,7 @@ def test_checkpoints_change_no_number(tmp_path) -> None:
 
 
 def test_the_cpu_preset_checkpoints_periodically() -> None:
-    tree, sections = load_sections(s5.config_name("cpu"), [], {"task": s5.S5Task})
+    tree, sections = load_sections(preset_config("s5", "cpu"), [], {"task": s5.S5Task})
     every = tree["checkpoint"]["every"]
     assert 0 < every <= 500 and tree["train"]["max_steps"] > every and sections["task"].baseline_steps > every
 

@@ -15,6 +15,7 @@ import pytest
 from t2mlr.cli import main as cli_main
 from t2mlr.experiments import finetune, pathfinding, pretrain, retrofit, s5
 from t2mlr.experiments.commands import EXPERIMENT_CONFIGS, FINETUNE_TASKS, load, presets
+from t2mlr.experiments.sections import preset_config
 from t2mlr.training.commands import GPU_KIND_NAMES
 from t2mlr.training.config import save_config
 from t2mlr.training.sizing import GPU_KINDS
@@ -77,18 +78,18 @@ def arms_of(case: tuple[str, ...], out: Path, overrides: list[str]) -> list:
     """The arms as each experiment's own builder makes them for a dry run (what the test checks against)."""
     name, *rest = case
     if name == "s5-retrieval":
-        task, tree = load(s5.config_name(rest[-1]), overrides, s5.S5Task)
+        task, tree = load(preset_config("s5", rest[-1]), overrides, s5.S5Task)
         return list(s5.dry_run_arms(task, tree, out)[0].values())
     if name == "finetune":
-        task, tree = load(finetune.config_name(rest[-1], rest[0]), overrides, finetune.FinetuneTask)
+        task, tree = load(preset_config("finetune", rest[-1], rest[0]), overrides, finetune.FinetuneTask)
         return finetune.dry_run_arms(finetune.make_plan(rest[-1], task, tree, dry_run=True), out)[0]
     if name == "pathfinding":
-        task, tree = load(pathfinding.config_name(rest[-1]), overrides, pathfinding.PathfindingTask)
+        task, tree = load(preset_config("pathfinding", rest[-1]), overrides, pathfinding.PathfindingTask)
         return finetune.dry_run_arms(pathfinding.plan(rest[-1], task, tree, dry_run=True), out)[0]
     if name == "retrofit":
-        task, tree = load(retrofit.config_name(rest[-1]), overrides, retrofit.RetrofitTask)
+        task, tree = load(preset_config("retrofit", rest[-1]), overrides, retrofit.RetrofitTask)
         return retrofit.dry_run_arms(task, tree, out)[0]
-    task, tree = load(pretrain.config_name(rest[-1]), overrides, pretrain.PretrainTask)
+    task, tree = load(preset_config("pretrain", rest[-1]), overrides, pretrain.PretrainTask)
     return pretrain.dry_run_arms(tree, out, task.arms)[0]
 
 

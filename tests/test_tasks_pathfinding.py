@@ -22,10 +22,11 @@ from t2mlr.tasks.pathfinding import (
 )
 from t2mlr.training.config import load_sections
 
-def preset_settings(preset: str) -> tuple[dict, int]:
-    from t2mlr.experiments.pathfinding import PathfindingTask, config_name
 
-    _, sections = load_sections(config_name(preset), [], {"task": PathfindingTask})
+def preset_settings(preset: str) -> tuple[dict, int]:
+    from t2mlr.experiments.sections import PathfindingTask, preset_config
+
+    _, sections = load_sections(preset_config("pathfinding", preset), [], {"task": PathfindingTask})
     return sections["task"].settings, sections["task"].eval_size
 
 

@@ -30,6 +30,17 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from t2mlr.experiments.sections import (
+    DESIGNS,
+    EXPERIMENT_CONFIGS,
+    FinetuneTask,
+    PathfindingTask,
+    PretrainTask,
+    RetrofitTask,
+    S5Task,
+    preset_config,
+    presets,
+)
 from t2mlr.training.commands import accept_trailing_overrides, add_dry_run_options, parallel_refusal, sizing_refusal
 from t2mlr.utils import launched_by_torchrun
 
@@ -38,14 +49,7 @@ if TYPE_CHECKING:
 
 __all__ = ["main", "register"]
 
-EXPERIMENT_CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "experiments"
 FINETUNE_TASKS = ("variable-assignment", "prosqa-hard", "gsm-aug", "hotpotqa")
-
-
-def presets(prefix: str) -> tuple[str, ...]:
-    """The preset names of an experiment's configs (`s5_cpu_deep.yaml` → "cpu-deep"), read from the file names."""
-    found = (path.stem.removeprefix(f"{prefix}_") for path in EXPERIMENT_CONFIGS.glob(f"{prefix}_*.yaml"))
-    return tuple(sorted(name.replace("_", "-") for name in found))
 
 
 def setting(key: str, value: Any) -> str:
@@ -215,15 +219,13 @@ def _common(p: argparse.ArgumentParser, prefix: str, default: str, out: Path | N
 
 
 def _run_s5(args: argparse.Namespace) -> Any:
-    from t2mlr.experiments import s5
-
     if args.checkpoint_every is not None and args.checkpoint_every < 0:
         raise ValueError(f"--checkpoint-every must be >= 0 (0: only at the end), got {args.checkpoint_every}")
     overrides = flag_overrides(args, {"steps": ("train.max_steps", "task.baseline_steps"), "seed": ("train.seed",),
                                       "checkpoint_every": ("checkpoint.every",), "threads": ("task.torch_threads",),
                                       "train_recurrence": ("model.train_recurrence",), "d_forward": ("model.d_forward",),
                                       "d_backward": ("model.d_backward",)})
-    task, tree = load(s5.config_name(args.preset), overrides, s5.S5Task)
+    task, tree = load(preset_config("s5", args.preset), overrides, S5Task)
     model = tree["model"]
     if model.get("train_recurrence") == "exact" and (args.d_forward is not None or args.d_backward is not None):
         raise ValueError("--d-forward / --d-backward set the Jacobi training depths; T²MLR trains on the exact path "
@@ -231,6 +233,8 @@ def _run_s5(args: argparse.Namespace) -> Any:
     if not 1 <= int(model["d_backward"]) <= int(model["d_forward"]):
         raise ValueError(f"need 1 <= --d-backward <= --d-forward, got d_forward={model['d_forward']}, "
                          f"d_backward={model['d_backward']}")
+    from t2mlr.experiments import s5  # checked: now the heavy part
+
     if args.dry_run:
         arms, notes = s5.dry_run_arms(task, tree, args.out, tuple(args.models))
         models = None if tuple(args.models) == s5.MODEL_NAMES else args.models
@@ -308,8 +312,6 @@ study; finished runs are not retrained. Overrides apply to every variant's confi
 
 
 def _run_s5_evidence(args: argparse.Namespace) -> Any:
-    from t2mlr.experiments import s5
-    from t2mlr.experiments.s5_evidence import DESIGNS, run_study
     from t2mlr.training.config import check_before_loading
 
     if args.steps is not None and args.steps < 1:
@@ -319,8 +321,9 @@ def _run_s5_evidence(args: argparse.Namespace) -> Any:
     overrides = flag_overrides(args, {"steps": ("train.max_steps", "task.baseline_steps"),
                                       "checkpoint_every": ("checkpoint.every",)})
     for variant in DESIGNS.get(args.preset, ()):  # a typo is reported before torch loads
-        check_before_loading(s5.config_name(variant.preset), overrides, data_files=False, sections={"task": s5.S5Task},
+        check_before_loading(preset_config("s5", variant.preset), overrides, data_files=False, sections={"task": S5Task},
                              rules=False)
+    from t2mlr.experiments.s5_evidence import run_study  # checked: now the heavy part
     if args.dry_run:
         from t2mlr.experiments.s5_evidence import dry_run_arms
 
@@ -393,11 +396,10 @@ FINETUNE_FLAGS = {"steps": ("train.max_steps",), "seed": ("train.seed",), "train
 
 
 def _run_finetune(args: argparse.Namespace) -> Any:
-    from t2mlr.experiments import finetune
     from t2mlr.tasks.reasoning import check_data_source, get_task
 
     def has_config(task: str) -> bool:
-        return (EXPERIMENT_CONFIGS / f"{Path(finetune.config_name(args.preset, task)).name}.yaml").is_file()
+        return (EXPERIMENT_CONFIGS / f"{Path(preset_config('finetune', args.preset, task)).name}.yaml").is_file()
 
     if not has_config(args.task):
         covered = [t for t in FINETUNE_TASKS if has_config(t)]
@@ -410,7 +412,9 @@ def _run_finetune(args: argparse.Namespace) -> Any:
         raise ValueError("--out is required (the output directory), unless --dry-run")
     if get_task(args.task).needs_data and not args.dry_run:  # a missing data file is reported before torch loads
         check_data_source(args.task, args.data, args.variant)
-    task, tree = load(finetune.config_name(args.preset, args.task), overrides, finetune.FinetuneTask)
+    task, tree = load(preset_config("finetune", args.preset, args.task), overrides, FinetuneTask)
+    from t2mlr.experiments import finetune  # checked: now the heavy part
+
     plan = finetune.make_plan(args.preset, task, tree, args.arms, args.from_, args.retrofit, args.data, args.variant,
                               args.prefill_depth, dry_run=args.dry_run)
     if args.dry_run:
@@ -503,15 +507,14 @@ seeds. Exit codes: 0 done, 1 training stopped (non-finite loss), 2 bad input.
 
 
 def _run_pathfinding(args: argparse.Namespace) -> Any:
-    from t2mlr.experiments import finetune, pathfinding
-
     args.prefill = args.recurrence_mask_policy = None  # flags of the finetunes this command does not take
     overrides = flag_overrides(args, FINETUNE_FLAGS)
     if args.out is None and not args.dry_run:
         raise ValueError("--out is required (the output directory), unless --dry-run")
     if args.data is not None and not Path(args.data).exists():
         raise ValueError(f"--data {args.data}: no such file or directory")
-    task, tree = load(pathfinding.config_name(args.preset), overrides, pathfinding.PathfindingTask)
+    task, tree = load(preset_config("pathfinding", args.preset), overrides, PathfindingTask)
+    from t2mlr.experiments import finetune, pathfinding  # checked: now the heavy part
     plan = pathfinding.plan(args.preset, task, tree, args.arms, retrofit=args.retrofit, data=args.data,
                             dry_run=args.dry_run)
     if args.dry_run:
@@ -573,14 +576,13 @@ re-scores the saved replies of several runs (seeds) with every metric and writes
 
 
 def _run_retrofit(args: argparse.Namespace) -> Any:
-    from t2mlr.experiments import retrofit
-
     args.recurrence_mask_policy = "mask" if args.mask_prompt_recurrence else None
     overrides = flag_overrides(args, {"seed": ("train.seed",), "steps": ("train.max_steps",), "source": ("model.pretrained",),
                                       "gguf_file": ("model.gguf_file",), "train_path": ("task.train_path",),
                                       "eval": ("task.eval_data",), "eval_path": ("task.eval_path",),
                                       "recurrence_mask_policy": ("model.recurrence_mask_policy",)})
-    task, tree = load(retrofit.config_name(args.preset), overrides, retrofit.RetrofitTask)
+    task, tree = load(preset_config("retrofit", args.preset), overrides, RetrofitTask)
+    from t2mlr.experiments import retrofit  # checked: now the heavy part
     if args.dry_run:
         arms, notes = retrofit.dry_run_arms(task, tree, args.out)
         return dry_run(args, ["experiment", "retrofit"], overrides, args.out, arms, notes)
@@ -647,10 +649,9 @@ input or an existing run directory.
 
 
 def _run_pretrain(args: argparse.Namespace) -> Any:
-    from t2mlr.experiments import pretrain
-
     overrides = flag_overrides(args, {"steps": ("train.max_steps",)})
-    task, tree = load(pretrain.config_name(args.preset), overrides, pretrain.PretrainTask)
+    task, tree = load(preset_config("pretrain", args.preset), overrides, PretrainTask)
+    from t2mlr.experiments import pretrain  # checked: now the heavy part
     if args.dry_run:
         arms, notes = pretrain.dry_run_arms(tree, args.out, task.arms)
         return dry_run(args, ["experiment", "pretrain"], overrides, args.out, arms, notes, {"--corpus": args.corpus})

@@ -29,14 +29,44 @@ import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
-if TYPE_CHECKING:
-    from t2mlr.baselines.matching import ModelSpec
-    from t2mlr.evaluation.generation import SamplingPlan
-    from t2mlr.training.arms import Arm, TrainedArm
-    from t2mlr.training.distributed import DistEnv
+from tqdm.auto import tqdm
+from transformers import AutoConfig
+
+from t2mlr.analysis.figures import plot_pass_at_1
+from t2mlr.analysis.report import minutes, optimizer_settings, percent, table, write_result
+from t2mlr.baselines.matching import ModelSpec, count_parameters, parse_model_specs, t2mlr_parameter_count
+from t2mlr.evaluation.generation import pass_at_k_table, replies_per_prompt
+from t2mlr.experiments.sections import FinetuneTask
+from t2mlr.model import T2MLRConfig, is_t2mlr
+from t2mlr.model.configuration import build_base_config
+from t2mlr.model.pretrained import load_pretrained_tokenizer
+from t2mlr.tasks.jsonl import read_jsonl, write_jsonl
+from t2mlr.tasks.reasoning import get_task, load_task_data, score_output, task_label
+from t2mlr.tasks.scoring import mean_pass_at_k
+from t2mlr.tasks.sft import sft_row
+from t2mlr.tasks.tokenizers import build_task_tokenizer
+from t2mlr.training.arms import (
+    Arm,
+    TrainedArm,
+    arm_from_tree,
+    base_section,
+    claim_run_dirs,
+    load_trained,
+    matched_arm,
+    model_section,
+    resolve_workers,
+    train_arms,
+)
+from t2mlr.training.checkpoint import recorded_state
+from t2mlr.training.config import config_from_tree, deep_merge
+from t2mlr.training.distributed import DistEnv, computed_by_main, current_env, shard_and_gather
+from t2mlr.training.metrics import read_metrics
+from t2mlr.training.model_factory import build_model
+from t2mlr.utils import cpu_arithmetic, load_tokenizer
 
 __all__ = ["ArmResult", "DeclaredVocabulary", "FinetunePlan", "FinetuneTask", "StartingPoint", "dry_run_arms", "rescore_predictions", "run",
            "wilson_interval", "write_summary"]
@@ -44,43 +74,6 @@ __all__ = ["ArmResult", "DeclaredVocabulary", "FinetunePlan", "FinetuneTask", "S
 RESULTS_MD, RESULTS_JSON, FIGURE, PREDICTIONS = "results.md", "results.json", "pass_at_1.png", "predictions.jsonl"
 FINDINGS = "findings.md"  # a summary folder's hand-written reading of its runs: linked, never written
 _WRAPPER_TYPES = {"t2mlr": "t2mlr", "looped": "t2mlr_looped", "pause": "t2mlr_pause"}
-
-
-@dataclass(frozen=True)
-class FinetuneTask:
-    """The task section of a finetune config (`task:`)."""
-
-    name: Literal["variable-assignment", "prosqa-hard", "gsm-aug", "hotpotqa"]
-    arms: tuple[str, ...]  # `t2mlr params` spellings: t2mlr:13-18, transformer, looped:9-22:3, pause:2
-    train_size: int  # training records (0: every record of the data)
-    eval_size: int  # held-out problems
-    settings: dict[str, Any] = field(default_factory=dict)  # the generator's keyword arguments
-    max_new_tokens: int = 8
-    max_length: int = 1024  # training rows longer than this are left out (counted in the results)
-    prefill: Literal["exact", "jacobi"] = "exact"  # T²MLR's prompt in evaluation
-    start: Literal["scratch", "from", "retrofit"] = "scratch"  # where the arms start unless the command line says
-    notes: str = ""
-    samples: int = 1  # replies per problem: 1 is greedy, more are sampled (temperature, top_p)
-    pass_k: tuple[int, ...] = (1,)  # the pass@k reported; every k <= samples
-    temperature: float = 1.0
-    top_p: float = 1.0
-
-    def __post_init__(self) -> None:
-        if self.eval_size < 1 or self.max_new_tokens < 1 or self.max_length < 2 or not self.arms:
-            raise ValueError("task: eval_size and max_new_tokens must be >= 1, max_length >= 2, arms not empty")
-        try:
-            self.sampling()
-        except ValueError as err:
-            raise ValueError(f"task: {err}") from err
-
-    def sampling(self) -> SamplingPlan:
-        from t2mlr.evaluation.generation import SamplingPlan
-
-        return SamplingPlan(self.samples, tuple(self.pass_k), self.temperature, self.top_p)
-
-
-def config_name(preset: str, task: str) -> str:
-    return f"experiments/finetune_{preset}_{task.replace('-', '_')}"
 
 
 @dataclass(frozen=True)
@@ -164,8 +157,6 @@ def wilson_interval(correct: int, total: int, z: float = 1.959964) -> tuple[floa
 
 def parse_arms(text: str) -> tuple[ModelSpec, ...]:
     """Arms as `t2mlr params` and the benchmarks name them; duplicates are refused."""
-    from t2mlr.baselines.matching import parse_model_specs
-
     specs = tuple(parse_model_specs(text))
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
@@ -248,9 +239,6 @@ def check_checkpoint_matches(spec: ModelSpec, config: Any, where: str) -> None:
 
 
 def _model_from_checkpoint(spec: ModelSpec, directory: str, settings: dict[str, Any]) -> dict[str, Any]:
-    from transformers import AutoConfig
-
-    from t2mlr.training.arms import model_section
 
     path = Path(directory)
     if not (path / "config.json").is_file():
@@ -274,12 +262,6 @@ def _retrofit_model(spec: ModelSpec, source: dict[str, Any], settings: dict[str,
 
 def build_arms(plan: FinetunePlan, tree: dict[str, Any]) -> tuple[list[Arm], int | None]:
     """Every arm of the plan and, from scratch, T²MLR's parameter count the other arms are matched to."""
-    from t2mlr.baselines.matching import t2mlr_parameter_count
-    from t2mlr.model import T2MLRConfig
-    from t2mlr.model.configuration import build_base_config
-    from t2mlr.training.arms import Arm, arm_from_tree, matched_arm
-    from t2mlr.training.config import config_from_tree
-
     start = plan.start
     settings = {key: tree["model"][key] for key in ("d_forward", "d_backward", "train_recurrence", "eval_recurrence",
                                                     "recurrence_mask_policy")}  # the preset's, for started arms
@@ -310,8 +292,6 @@ def build_arms(plan: FinetunePlan, tree: dict[str, Any]) -> tuple[list[Arm], int
 
 def _check_before_training(arms: Sequence[Arm]) -> None:
     """Build every arm that starts from a checkpoint (loading its weights), so a bad one fails before training."""
-    from t2mlr.training.model_factory import build_model
-
     for arm in [arm for arm in arms if arm.config.model.init_from is not None]:
         try:
             build_model(arm.config.model)
@@ -323,11 +303,6 @@ def _check_before_training(arms: Sequence[Arm]) -> None:
 
 
 def _task_tokenizer(plan: FinetunePlan, train: list[dict[str, Any]]) -> Any:
-    from t2mlr.model.pretrained import load_pretrained_tokenizer
-    from t2mlr.tasks.reasoning import get_task
-    from t2mlr.tasks.tokenizers import build_task_tokenizer
-    from t2mlr.utils import load_tokenizer
-
     start = plan.start
     if start.kind == "scratch":
         spec = get_task(plan.task.name)
@@ -345,12 +320,6 @@ def _task_tokenizer(plan: FinetunePlan, train: list[dict[str, Any]]) -> Any:
 
 def prepare_data(plan: FinetunePlan, data_dir: Path) -> tuple[Any, list[dict[str, Any]], dict[str, Any]]:
     """Data and tokenizer under `data_dir`; returns the tokenizer, the evaluation records and data facts."""
-    from tqdm.auto import tqdm
-
-    from t2mlr.tasks.jsonl import write_jsonl
-    from t2mlr.tasks.reasoning import load_task_data
-    from t2mlr.tasks.sft import sft_row
-
     task = plan.task
     train, evaluation, dropped = load_task_data(task.name, task.settings, task.train_size, task.eval_size, plan.seed,
                                                 plan.data, plan.variant)
@@ -374,10 +343,6 @@ def prepare_data(plan: FinetunePlan, data_dir: Path) -> tuple[Any, list[dict[str
 def filled_tree(plan: FinetunePlan, tokenizer: Any, data_dir: Path) -> dict[str, Any]:
     """The config with its data (this run's train.jsonl and tokenizer, rows up to task.max_length, seeded by
     train.seed) and, from scratch, the backbone's vocabulary, special ids and positions."""
-    from t2mlr.model.configuration import build_base_config
-    from t2mlr.training.arms import base_section
-    from t2mlr.training.config import deep_merge
-
     task, tree = plan.task, plan.tree
     tokenizer_dir = str(data_dir / "tokenizer")
     filled = deep_merge(tree, {"data": {
@@ -409,8 +374,6 @@ class DeclaredVocabulary:
 def dry_run_arms(plan: FinetunePlan, out: str | Path) -> tuple[list[Arm], list[str]]:
     """The arms `run` trains, built by the same functions on the same filled config, without reading or
     writing data (`--dry-run`); returns them and what their sizing rests on."""
-    from t2mlr.model.configuration import build_base_config
-
     task, tree = plan.task, plan.tree
     notes = [f"data: not read in a dry run; every arm sized at data.seq_len = task.max_length = {task.max_length} "
              "tokens, the longest training row kept (most batches are shorter)"]
@@ -437,8 +400,6 @@ def prediction_rows(task: str, arm: str, records: Sequence[dict[str, Any]],
                     replies: Sequence[Sequence[str]]) -> list[dict[str, Any]]:
     """The predictions file's lines for one arm: one per problem and reply (`replies[i]`: problem i's), with the
     fields the task's scorer reads; `draw` numbers a problem's replies when it has several."""
-    from t2mlr.tasks.reasoning import get_task, score_output
-
     fields = get_task(task).checker_fields
     rows = []
     for i, (record, texts) in enumerate(zip(records, replies)):
@@ -464,10 +425,6 @@ def correct_counts(rows: Sequence[dict[str, Any]]) -> tuple[list[int], int]:
 
 def rescore_predictions(task: str, path: str | Path, k: int = 1) -> dict[str, float]:
     """pass@k per arm recomputed from a predictions file's generated texts (not its `correct` column)."""
-    from t2mlr.tasks.jsonl import read_jsonl
-    from t2mlr.tasks.reasoning import score_output
-    from t2mlr.tasks.scoring import mean_pass_at_k
-
     rescored: dict[str, list[dict[str, Any]]] = {}
     for line, row in enumerate(read_jsonl(path)):
         record = {**row.get("sample", {}), "answer": row["gold"]}
@@ -481,17 +438,6 @@ def evaluate(plan: FinetunePlan, trained: TrainedArm, tokenizer: Any, records: S
              env: DistEnv | None = None) -> tuple[ArmResult, list[dict[str, Any]], str]:
     """One arm's greedy replies, scored: its result, its prediction rows and the device it ran on. Under
     torchrun (`env`) the generation batches are shared out over the ranks, and every rank gets every reply."""
-    from functools import partial
-
-    from t2mlr.baselines.matching import count_parameters
-    from t2mlr.evaluation.generation import pass_at_k_table, replies_per_prompt
-    from t2mlr.model import is_t2mlr
-    from t2mlr.training.arms import load_trained
-    from t2mlr.training.checkpoint import recorded_state
-    from t2mlr.training.distributed import shard_and_gather
-    from t2mlr.training.metrics import read_metrics
-    from t2mlr.utils import cpu_arithmetic
-
     model, device = load_trained(trained)
     arm, task = trained.arm, plan.task
     jacobi = task.prefill == "jacobi" and is_t2mlr(model)
@@ -532,8 +478,6 @@ def echo(plan: FinetunePlan) -> dict[str, Any]:
 
 
 def results_table(results: Sequence[ArmResult]) -> list[str]:
-    from t2mlr.analysis.report import minutes, percent, table
-
     extras = sorted({k for r in results for k in r.extra})
     head = ["arm", "parameters", "start", "steps", "tokens", "training time", "pass@1", "95% interval", *extras]
     rows = [[r.label, f"{r.parameters:,}", r.start, f"{r.steps:,}", f"{r.tokens:,}", minutes(r.train_seconds),
@@ -543,8 +487,6 @@ def results_table(results: Sequence[ArmResult]) -> list[str]:
 
 
 def _settings_line(plan: FinetunePlan, workers: int) -> str:
-    from t2mlr.analysis.report import optimizer_settings
-
     t, model = plan.tree, plan.tree["model"]
     mask = ("on (T²MLR fuses R into target tokens only)" if model.get("recurrence_mask_policy") == "mask"
             else "off (every token fuses R)")
@@ -582,10 +524,6 @@ def _pass_at_k_line(task: FinetuneTask) -> str:
 
 def write_results(out: Path, plan: FinetunePlan, results: Sequence[ArmResult], facts: dict[str, Any], wall: float,
                   device: str, workers: int, target: int | None) -> None:
-    from t2mlr.analysis.figures import plot_pass_at_1
-    from t2mlr.analysis.report import minutes, write_result
-    from t2mlr.tasks.reasoning import task_label
-
     task = plan.task
     label = task_label(task.name, plan.variant)
     matched = (f"non-T²MLR arms parameter-matched to T²MLR's {target:,} parameters" if target is not None
@@ -625,13 +563,6 @@ def run(plan: FinetunePlan, out: str | Path, resume: bool = False, overwrite: bo
     """Data → one training per arm (side by side in `workers` processes on a CPU) → batched greedy evaluation
     → results (see the module docstring). Under torchrun rank 0 writes the data and the results, every arm
     trains over every rank and the evaluation is shared out (docs/scale.md)."""
-    from tqdm.auto import tqdm
-
-    from t2mlr.analysis.report import minutes
-    from t2mlr.tasks.jsonl import write_jsonl
-    from t2mlr.training.arms import claim_run_dirs, resolve_workers, train_arms
-    from t2mlr.training.distributed import computed_by_main, current_env
-
     started, out = time.perf_counter(), Path(out)
     env = current_env(plan.tree["train"].get("device", "auto"))
 
@@ -666,8 +597,6 @@ def run(plan: FinetunePlan, out: str | Path, resume: bool = False, overwrite: bo
 
 
 def _task_table(runs: Sequence[dict[str, Any]]) -> list[str]:
-    from t2mlr.analysis.report import percent, table
-
     seeds = [r["preset"]["seed"] for r in runs]
     arms = list(dict.fromkeys(a["label"] for r in runs for a in r["results"]))
     rows = []
@@ -687,9 +616,6 @@ def write_summary(runs: Sequence[Path], out: Path) -> dict[str, list[dict[str, A
     the paper's figure layout (one bar group per task, one bar per arm, seeds as dots). Each run's results.md,
     results.json and predictions.jsonl are copied to OUT/<task>_seed<k>/ so the report is self-contained. Words
     written by hand about the runs belong in OUT/findings.md, which the summary links and never writes."""
-    from t2mlr.analysis.figures import plot_pass_at_1
-    from t2mlr.analysis.report import write_result
-
     loaded = []
     for run in map(Path, runs):
         if not (run / RESULTS_JSON).is_file():

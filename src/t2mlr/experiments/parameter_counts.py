@@ -22,30 +22,29 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
-from functools import partial
 from typing import TYPE_CHECKING, Any
-
-from t2mlr.experiments.s5 import t2mlr_config
 
 if TYPE_CHECKING:  # the heavy imports happen when the command runs, not when the CLI starts
     from t2mlr.baselines.matching import MatchedSet, ModelSpec
     from t2mlr.model import T2MLRConfig
 
-__all__ = ["PARAM_PRESETS", "main", "register"]
+__all__ = ["PARAM_PRESETS", "main", "preset_model", "register"]
 
 
-def _smollm2_135m() -> "T2MLRConfig":
+PARAM_PRESETS = ("s5-tiny", "s5-cpu", "s5-paper", "smollm2-135m")  # named here so --help needs no torch
+
+
+def preset_model(name: str) -> "T2MLRConfig":
+    """The T²MLR config of a `--preset`: an S5 experiment preset's model, or T²MLR(13,18) on SmolLM2-135M."""
+    if name.startswith("s5-"):
+        from t2mlr.experiments.s5 import t2mlr_config
+
+        return t2mlr_config(name.removeprefix("s5-"))
     from t2mlr.model.shapes import smollm2_135m_t2mlr_config
 
     return smollm2_135m_t2mlr_config()
 
 
-PARAM_PRESETS: dict[str, Callable[[], "T2MLRConfig"]] = {
-    "s5-tiny": partial(t2mlr_config, "tiny"),
-    "s5-cpu": partial(t2mlr_config, "cpu"),
-    "s5-paper": partial(t2mlr_config, "paper"),
-    "smollm2-135m": _smollm2_135m,
-}
 SHAPE_NAMES = ("smollm2-135m", "smollm2-360m", "smollm2-1b")  # t2mlr.model.shapes.SHAPES, named here so --help needs no torch
 
 
@@ -91,7 +90,7 @@ def run_params(args: argparse.Namespace) -> int:
     from t2mlr.baselines.matching import matched_models
 
     names = list(PARAM_PRESETS) if args.preset in (None, "all") else [args.preset]
-    print("\n\n".join(preset_table(name, matched_models(PARAM_PRESETS[name]())) for name in names))
+    print("\n\n".join(preset_table(name, matched_models(preset_model(name))) for name in names))
     return 0
 
 

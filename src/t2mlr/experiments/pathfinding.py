@@ -16,32 +16,12 @@ downloads nothing).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from t2mlr.experiments.finetune import FinetunePlan, FinetuneTask, make_plan
+from t2mlr.experiments.finetune import FinetunePlan, make_plan
+from t2mlr.experiments.sections import PathfindingTask
 
-__all__ = ["PathfindingTask", "config_name", "plan"]
-
-
-@dataclass(frozen=True)
-class PathfindingTask(FinetuneTask):
-    """The task section of a pathfinding config (`task:`): a finetune task section naming the pathfinding task,
-    plus the pretrained model a retrofit preset starts from."""
-
-    name: Literal["pathfinding"]
-    pretrained: str | None = None  # hub id or local directory; used when start is "retrofit"
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.start == "retrofit" and not self.pretrained:
-            raise ValueError("task: start retrofit needs task.pretrained (the model to retrofit)")
-        if self.start == "from":
-            raise ValueError("task: a pathfinding preset starts from scratch or retrofits task.pretrained")
-
-
-def config_name(preset: str) -> str:
-    return f"experiments/pathfinding_{preset}"
+__all__ = ["PathfindingTask", "plan"]
 
 
 def plan(preset: str, task: PathfindingTask, tree: dict[str, Any], arms: str | None = None,

@@ -25,48 +25,34 @@ non-finite loss), 2 bad input or an existing run directory.
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from t2mlr.training.distributed import DistEnv
+from t2mlr.analysis.common import describe_model, load_analysis_model, validation_loss
+from t2mlr.analysis.figures import plot_loss_curves
+from t2mlr.analysis.report import table, write_result
+from t2mlr.corpus import prepare_offline_corpus, read_manifest, tokenize_corpus, train_bpe_tokenizer
+from t2mlr.corpus.offline import ENGLISH_SOURCES, iter_texts
+from t2mlr.experiments.sections import PRETRAIN_ARMS as ARMS
+from t2mlr.experiments.sections import PretrainTask
+from t2mlr.training.arms import (
+    arm_from_tree,
+    claim_run_dirs,
+    matched_arm,
+    resolve_workers,
+    train_arms,
+    validation_batches,
+)
+from t2mlr.training.config import deep_merge
+from t2mlr.training.distributed import DistEnv, computed_by_main, current_env
+from t2mlr.training.metrics import read_metrics, values_at_steps
+from t2mlr.utils import cpu_arithmetic, load_tokenizer
 
 __all__ = ["PretrainTask", "dry_run_arms", "run"]
 
-ARMS = ("t2mlr_middle", "t2mlr_full", "transformer")
-
-
-@dataclass(frozen=True)
-class PretrainTask:
-    """The task section of a pretraining config (`task:`)."""
-
-    sources: tuple[str, ...] = ("python-docs",)  # offline corpus sources (t2mlr.corpus.offline)
-    python_sources: str | None = None  # the folder of the python-sources source (None: the installed packages)
-    max_train_documents: int | None = None  # tokenize at most this many train documents (None: all)
-    tokenizer_documents: int | None = None  # train the BPE on the first this many train documents (None: all)
-    tokenize_workers: int = 1  # processes tokenizing the corpus
-    arms: tuple[str, ...] = ARMS  # which of ARMS to train
-    eval_batches: int = 8  # held-out batches of eval.batch_size rows for the final table
-    exact_eval_batches: int | None = None  # of those, scored on T²MLR's exact path too (None: all; 0: none)
-
-    def __post_init__(self) -> None:
-        unknown = [arm for arm in self.arms if arm not in ARMS]
-        if unknown or not self.arms or len(set(self.arms)) != len(self.arms):
-            raise ValueError(f"task.arms must be distinct names among {', '.join(ARMS)}, got {list(self.arms)}")
-        for name in ("max_train_documents", "tokenizer_documents"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"task.{name} must be >= 1 (or null: all), got {getattr(self, name)}")
-        if self.tokenize_workers < 1:
-            raise ValueError(f"task.tokenize_workers must be >= 1, got {self.tokenize_workers}")
-        if self.exact_eval_batches is not None and not 0 <= self.exact_eval_batches <= self.eval_batches:
-            raise ValueError(f"task.exact_eval_batches must lie in 0..task.eval_batches ({self.eval_batches}), "
-                             f"got {self.exact_eval_batches}")
-
-
-def config_name(preset: str) -> str:
-    return f"experiments/pretrain_{preset}"
 
 
 def describe(tree: dict[str, Any]) -> str:
@@ -96,12 +82,6 @@ class PreparedData:
 def prepare_data(task: PretrainTask, vocab: int, data_dir: Path, corpus: Path | None = None) -> PreparedData:
     """Corpus, tokenizer and token shards under `data_dir`; each step is skipped when its output is
     already there (a finished shard directory is left alone by `tokenize_corpus`)."""
-    import itertools
-
-    from t2mlr.corpus import prepare_offline_corpus, read_manifest, tokenize_corpus, train_bpe_tokenizer
-    from t2mlr.corpus.offline import iter_texts
-    from t2mlr.utils import load_tokenizer
-
     data_dir.mkdir(parents=True, exist_ok=True)
     text_dir = corpus if corpus is not None else data_dir / "english"
     if corpus is None and not (text_dir / "validation.jsonl").is_file():
@@ -129,9 +109,6 @@ def prepare_data(task: PretrainTask, vocab: int, data_dir: Path, corpus: Path | 
 def build_arms(tree: dict[str, Any], data: PreparedData, names: tuple[str, ...] = ARMS) -> list[Any]:
     """Of T²MLR middle (the config), T²MLR full and the parameter-matched Transformer, the `names`, on the prepared
     shards."""
-    from t2mlr.training.arms import arm_from_tree, matched_arm
-    from t2mlr.training.config import deep_merge
-
     shards = {"tokenizer": str(data.tokenizer)}
     filled = deep_merge(tree, {"data": {**shards, "path": str(data.train_shards)},
                                "eval": {"data": {**shards, "path": str(data.validation_shards)}}})
@@ -162,10 +139,6 @@ def evaluate(task: PretrainTask, arms: list[Any], trained: dict[str, Any], env: 
     on the Jacobi path at its training depth and on the exact path (on the first task.exact_eval_batches of
     them: it is sequential in the tokens). Under torchrun (`env`) the batches are shared out over the ranks,
     every rank on its own device."""
-    from t2mlr.analysis.common import describe_model, load_analysis_model, validation_loss
-    from t2mlr.training.arms import validation_batches
-    from t2mlr.training.distributed import current_env
-
     batches = validation_batches(arms[0].config, task.eval_batches)
     model_cfg = arms[0].config.model
     jacobi = {"recurrence": "jacobi", "d_forward": model_cfg.d_forward, "d_backward": model_cfg.d_backward}
@@ -189,8 +162,6 @@ def evaluate(task: PretrainTask, arms: list[Any], trained: dict[str, Any], env: 
 def loss_curves(run_dirs: dict[str, Path]) -> dict[str, dict[str, list[tuple[int, float]]]]:
     """Each run's training loss per step and periodic validation loss, and the tokens trained on and the seconds
     of training steps up to each logged step, from its metrics.jsonl."""
-    from t2mlr.training.metrics import read_metrics
-
     curves = {}
     for name, run_dir in run_dirs.items():
         train = [r for r in read_metrics(run_dir) if r.get("split") == "train" and isinstance(r.get("loss"), (int, float))]
@@ -206,8 +177,6 @@ def loss_curves(run_dirs: dict[str, Path]) -> dict[str, dict[str, list[tuple[int
 
 def validation_loss_at_tokens(curve: dict[str, list], tokens: int) -> tuple[int, float] | None:
     """The last periodic validation loss of a run taken after at most `tokens` training tokens, and those tokens."""
-    from t2mlr.training.metrics import values_at_steps
-
     seen = values_at_steps(curve["tokens"], [step for step, _ in curve["eval"]])
     points = [(int(t), loss) for t, (_, loss) in zip(seen, curve["eval"]) if t <= tokens]
     return points[-1] if points else None
@@ -235,9 +204,6 @@ def same_tokens_lines(curves: dict[str, dict[str, list]], labels: dict[str, str]
 def results_markdown(preset: str, task: PretrainTask, tree: dict[str, Any], data: PreparedData,
                      rows: list[dict[str, Any]], seconds: dict[str, float], workers: int,
                      curves: dict[str, dict[str, list]]) -> list[str]:
-    from t2mlr.analysis.report import table
-    from t2mlr.corpus.offline import ENGLISH_SOURCES
-
     best = min(row["loss"] for row in rows)
     tokens = {name: curve["tokens"][-1][1] if curve["tokens"] else 0 for name, curve in curves.items()}
     body = [[row["label"], row["path"], f"{row['parameters']:,}", f"{row['loss']:.4f}" + (" ←" if row["loss"] == best else ""),
@@ -273,12 +239,6 @@ def run(preset: str, task: PretrainTask, tree: dict[str, Any], out: str | Path, 
     """The whole pipeline (see the module docstring); returns what results.json holds. Under torchrun rank 0
     prepares the data and writes the results, every arm trains over every rank and the validation batches are
     shared out (docs/scale.md)."""
-    from t2mlr.analysis.figures import plot_loss_curves
-    from t2mlr.analysis.report import write_result
-    from t2mlr.training.arms import claim_run_dirs, resolve_workers, train_arms
-    from t2mlr.training.distributed import computed_by_main, current_env
-    from t2mlr.utils import cpu_arithmetic
-
     out = Path(out)
     env = current_env(tree["train"].get("device", "cpu"))
     started = time.perf_counter()

@@ -22,19 +22,31 @@ OUT/predictions/<model>.jsonl, OUT/retrofit.png and one training run per arm (OU
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
-from t2mlr.tasks.arithmetic import ArithmeticSettings
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
-if TYPE_CHECKING:
-    from t2mlr.training.distributed import DistEnv
+from t2mlr.analysis.figures import plot_retrofit
+from t2mlr.analysis.report import table, write_result
+from t2mlr.baselines.matching import count_parameters
+from t2mlr.experiments.sections import RetrofitTask
+from t2mlr.generation.text import GenerationSettings, generate_batched
+from t2mlr.model.pretrained import load_pretrained_base
+from t2mlr.tasks import loaders, scoring
+from t2mlr.tasks.arithmetic import arithmetic_retrofit_records
+from t2mlr.tasks.jsonl import read_jsonl, write_jsonl
+from t2mlr.training.arms import arm_from_tree, load_trained, matched_arm, train_arms
+from t2mlr.training.config import config_from_tree, deep_merge
+from t2mlr.training.distributed import DistEnv, computed_by_main, current_env, shard_and_gather
+from t2mlr.training.metrics import optimizer_step_seconds, read_metrics
+from t2mlr.training.sizing import sizing_base_config
 
 __all__ = ["ARMS", "EVAL_METRICS", "RetrofitTask", "dry_run_arms", "rescore_run", "run", "score_reply", "seeds_summary",
            "write_summary"]
@@ -54,54 +66,11 @@ ARM_LABELS = {"base": "pretrained, not finetuned", "transformer": "finetuned bas
               "t2mlr": "finetuned T²MLR retrofit"}
 
 
-@dataclass(frozen=True)
-class RetrofitTask:
-    """The task section of a retrofit config (`task:`)."""
-
-    train_data: Literal["arithmetic", "openmathreasoning"]
-    eval_data: Literal["arithmetic", "gsm8k", "math500"]
-    train_problems: int  # rows generated (arithmetic) or read (at most, from train_path)
-    eval_problems: int | None  # generated, or read from eval_path (None: every row of the file)
-    max_length: int  # longest training row (prompt + reply) in tokens
-    max_new_tokens: int
-    train_path: str | None = None  # local file for openmathreasoning
-    eval_path: str | None = None  # local file for gsm8k and math500
-    arithmetic: ArithmeticSettings = field(default_factory=ArithmeticSettings)
-
-    def __post_init__(self) -> None:
-        for name in ("train_problems", "max_length", "max_new_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"task.{name} must be >= 1, got {getattr(self, name)}")
-        if self.eval_problems is None and self.eval_data == "arithmetic":
-            raise ValueError("generated evaluation problems need a count: task.eval_problems must be >= 1, got None")
-        if self.eval_problems is not None and self.eval_problems < 1:
-            raise ValueError(f"task.eval_problems must be >= 1 (or null: every row of --eval-path), got {self.eval_problems}")
-        if self.train_data == "openmathreasoning" and not self.train_path:
-            raise ValueError("train_data 'openmathreasoning' needs --train-path: a local jsonl/parquet file with the "
-                             "dataset's columns problem, generated_solution, expected_answer (nvidia/OpenMathReasoning)")
-        if self.eval_data == "gsm8k" and not self.eval_path:
-            raise ValueError("eval_data 'gsm8k' needs --eval-path: a local jsonl/parquet file with GSM8K's columns "
-                             "question, answer (openai/gsm8k, split test)")
-        if self.eval_data == "math500" and not self.eval_path:
-            raise ValueError("eval_data 'math500' needs --eval-path: a local jsonl/parquet file with MATH-500's "
-                             "columns problem, answer (HuggingFaceH4/MATH-500, split test)")
-        if self.eval_data == "math500" and importlib.util.find_spec("math_verify") is None:
-            raise ValueError("eval_data 'math500' is scored by math-verify too: pip install math-verify (or the "
-                             "t2mlr[eval] extra)")
-
-
-def config_name(preset: str) -> str:
-    return f"experiments/retrofit_{preset}"
-
-
 # ------------------------------------------------------------------------------------------ this data
 
 
 def build_records(task: RetrofitTask, seed: int) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
     """The finetuning and evaluation records of the task's data sources."""
-    from t2mlr.tasks import loaders
-    from t2mlr.tasks.arithmetic import arithmetic_retrofit_records
-
     if task.train_data == "arithmetic":
         train = arithmetic_retrofit_records(task.train_problems, "train", seed, task.arithmetic)
     else:
@@ -121,8 +90,6 @@ def prepare_base(tree: dict[str, Any], out: Path) -> tuple[Path, float]:
     """The pretrained model (model.pretrained, model.gguf_file) and its tokenizer saved once as a Hugging Face
     directory (reused when present), so both arms start from the very same weights; returns it and the seconds
     the load took (0 when reused)."""
-    from t2mlr.model.pretrained import load_pretrained_base
-
     base_dir = out / "base"
     if (base_dir / "config.json").is_file():
         return base_dir, 0.0
@@ -142,9 +109,6 @@ def build_arms(task: RetrofitTask, tree: dict[str, Any], base_dir: Path | str, t
                gguf_file: str | None = None) -> list:
     """The Transformer arm (the pretrained model itself) and the T²MLR retrofit, differing only in `model`
     (`base_dir`: the saved copy of the source, or, in a dry run, the source with its `gguf_file`)."""
-    from t2mlr.training.arms import arm_from_tree, matched_arm
-    from t2mlr.training.config import deep_merge
-
     mask = tree["model"].get("recurrence_mask_policy") == "mask"
     filled = deep_merge(tree, {
         "model": {"pretrained": str(base_dir), "gguf_file": gguf_file},
@@ -159,9 +123,6 @@ def build_arms(task: RetrofitTask, tree: dict[str, Any], base_dir: Path | str, t
 def dry_run_arms(task: RetrofitTask, tree: dict[str, Any], out: Path) -> tuple[list, list[str]]:
     """Both arms as `run` builds them, on the source itself instead of its saved copy under OUT/base (the same
     shapes), without loading weights or reading data (`--dry-run`); returns them and what their sizing rests on."""
-    from t2mlr.training.config import config_from_tree
-    from t2mlr.training.sizing import sizing_base_config
-
     source, gguf_file = tree["model"]["pretrained"], tree["model"].get("gguf_file")
     config, _ = sizing_base_config(config_from_tree(tree).model)
     pad = config.pad_token_id if config.pad_token_id is not None else config.eos_token_id
@@ -177,8 +138,6 @@ def dry_run_arms(task: RetrofitTask, tree: dict[str, Any], out: Path) -> tuple[l
 
 def score_reply(eval_data: str, reply: str, answer: str) -> dict[str, dict[str, Any]]:
     """Every metric of the evaluation data on one reply: {metric: {"extracted", "correct"}}."""
-    from t2mlr.tasks import scoring
-
     readers = {"strict_match": (scoring.gsm8k_strict_extract, scoring.gsm8k_match),
                "flexible_extract": (scoring.gsm8k_flexible_extract, scoring.gsm8k_match),
                "math_equiv": (scoring.extract_math_answer, scoring.math_match),
@@ -198,11 +157,6 @@ def evaluate_greedy(model: Any, tokenizer: Any, records: Sequence[dict[str, str]
     headline metric's verdict (a T²MLR model's prompt on the exact path, masked from the fusion when its
     recurrence_mask_policy is "mask", as in training). Under torchrun (`env`) the batches are
     shared out over the ranks, and every rank gets every reply."""
-    from functools import partial
-
-    from t2mlr.generation.text import GenerationSettings, generate_batched
-    from t2mlr.training.distributed import shard_and_gather
-
     replies = generate_batched(model, tokenizer, [r["prompt"] for r in records],
                                GenerationSettings(max_new_tokens=max_new_tokens), batch_size, bos=False,
                                desc=f"evaluate {label}", map_batches=partial(shard_and_gather, env=env))
@@ -245,16 +199,6 @@ def run(preset: str, task: RetrofitTask, tree: dict[str, Any], out: Path, overwr
     """Run the whole experiment into `out` and return what results.json holds. Under torchrun rank 0 reads the
     data, saves the base and writes every result, both arms train over every rank and every evaluation is
     shared out over the ranks (docs/scale.md)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from t2mlr.analysis.figures import plot_retrofit
-    from t2mlr.analysis.report import write_result
-    from t2mlr.baselines.matching import count_parameters
-    from t2mlr.tasks.jsonl import write_jsonl
-    from t2mlr.training.arms import load_trained, train_arms
-    from t2mlr.training.distributed import computed_by_main, current_env
-    from t2mlr.training.metrics import optimizer_step_seconds, read_metrics
-
     seed = int(tree["train"]["seed"])
     env = current_env(tree["train"].get("device", "auto"))
     started = time.perf_counter()
@@ -317,8 +261,6 @@ def _metric_cell(m: dict[str, Any], metric: str, problems: int) -> str:
 
 
 def results_markdown(results: dict[str, Any], tree: dict[str, Any]) -> list[str]:
-    from t2mlr.analysis.report import table
-
     p, models, metrics = results["preset"], results["models"], results["metrics"]
     model, optim, train = tree["model"], tree["optim"], tree["train"]
     masked = model.get("recurrence_mask_policy") == "mask"
@@ -350,8 +292,6 @@ def results_markdown(results: dict[str, Any], tree: dict[str, Any]) -> list[str]
 def seeds_summary(results: Sequence[dict[str, Any]], metric: str) -> str:
     """Markdown table of one metric over several seeds' results side by side, with each model's mean and the
     spread (max - min) across seeds, and the T²MLR-minus-baseline gap per seed."""
-    from t2mlr.analysis.report import table
-
     seeds = [r["preset"]["seed"] for r in results]
     rows = []
     for name in MODELS:
@@ -369,8 +309,6 @@ def seeds_summary(results: Sequence[dict[str, Any]], metric: str) -> str:
 def rescore_run(run_dir: Path) -> dict[str, Any]:
     """A run's results recomputed from its saved replies (predictions/<model>.jsonl) with every metric of its
     evaluation data; what results.json says about the models' accuracy is not read."""
-    from t2mlr.tasks.jsonl import read_jsonl
-
     results_file = run_dir / "results.json"
     if not results_file.is_file():
         raise FileNotFoundError(f"{run_dir} is not a retrofit run: it has no results.json")
@@ -398,8 +336,6 @@ def rescore_run(run_dir: Path) -> dict[str, Any]:
 
 def write_summary(run_dirs: Sequence[Path], out: Path) -> dict[str, Any]:
     """Re-score several runs (seeds) and write summary.md (one table per metric) and summary.json."""
-    from t2mlr.analysis.report import write_result
-
     runs = [rescore_run(Path(d)) for d in run_dirs]
     kinds = {r["preset"]["eval_data"] for r in runs}
     if len(kinds) != 1:

@@ -23,19 +23,46 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    import torch
+import torch
+from tqdm.auto import tqdm
 
-    from t2mlr.baselines.matching import ModelSpec
-    from t2mlr.training.arms import Arm, TrainedArm
-    from t2mlr.training.config import TrainConfig
-    from t2mlr.training.distributed import DistEnv
+from t2mlr.analysis.common import fixed_depth
+from t2mlr.analysis.figures import plot_accuracy_vs_length
+from t2mlr.analysis.report import minutes, optimizer_settings, percent, table, write_result
+from t2mlr.baselines.looped import parse_loop_blocks
+from t2mlr.baselines.matching import COMPUTE_MATCHED, MODEL_SPEC_FORMS, ModelSpec, count_parameters, parse_model_spec
+from t2mlr.baselines.recurrent import RECURRENT_CELLS
+from t2mlr.experiments.sections import S5Task, preset_config
+from t2mlr.model import is_t2mlr
+from t2mlr.model.configuration import build_base_config
+from t2mlr.settings import check_block_range
+from t2mlr.tasks.jsonl import read_jsonl, write_jsonl
+from t2mlr.tasks.s5_data import S5DataSpec
+from t2mlr.tasks.scoring import aggregate_s5_by_n, score_s5_prediction
+from t2mlr.tasks.tokenizers import build_s5_tokenizer
+from t2mlr.training.arms import (
+    Arm,
+    TrainedArm,
+    arm_from_tree,
+    base_section,
+    claim_run_dirs,
+    fixed_threads,
+    load_trained,
+    matched_arm,
+    resolve_workers,
+    t2mlr_of,
+    train_arms,
+)
+from t2mlr.training.config import TrainConfig, config_from_tree, deep_merge, load_sections
+from t2mlr.training.distributed import DistEnv, computed_by_main, current_env, shard_and_gather
+from t2mlr.utils import cpu_arithmetic, off_main_rank
 
 __all__ = ["MODEL_NAMES", "S5Plan", "S5Task", "dry_run_arms", "evaluate_by_n", "finish", "plan", "run"]
 
@@ -45,46 +72,6 @@ LABELS = {"t2mlr": "T²MLR", "transformer": "Transformer (matched)", "lstm": "LS
           "rnn": "RNN (matched)"}
 RESULTS_MD, RESULTS_JSON, FIGURE = "results.md", "results.json", "accuracy_vs_length.png"
 TRAIN_PEEK = 200  # training rows written out for inspection
-
-
-@dataclass(frozen=True)
-class S5Task:
-    """The task section of an S5 config (`task:`): the data and what the baselines and threads are."""
-
-    k: int  # key length: each dictionary entry is a permutation and its k value symbols
-    dict_size: int
-    alphabet: str
-    train_n: tuple[int, int]  # numbers of actions N, uniform in this range, for training
-    eval_n: tuple[int, int]  # ... and evaluated one by one
-    train_size: int  # training rows (streamed, each drawn once per epoch); >= steps × batch means all fresh
-    eval_size_per_n: int
-    num_actions: int | None = None  # None: actions from all of S5 (the paper); m: a seeded generating set of size m
-    lstm_layers: int = 4  # layers of every recurrent baseline (LSTM, GRU, RNN)
-    baseline_steps: int | None = None  # the baselines' training steps (None: T²MLR's train.max_steps)
-    # torch CPU threads of every run and of the evaluation (part of the arithmetic, see the module docstring)
-    torch_threads: int = 1
-    # `transformer:compute-matched` trains round(ratio × T²MLR's steps) steps: T²MLR's training-step time over
-    # the matched Transformer's, measured side by side (t2mlr.analysis.costs); None: not measured, refused
-    compute_matched_ratio: float | None = None
-    compute_matched_basis: str = ""
-    notes: str = ""  # printed in results.md: how the preset departs from the paper, and why
-
-    def __post_init__(self) -> None:
-        if self.train_n[1] > self.eval_n[1]:
-            raise ValueError(f"task.eval_n {list(self.eval_n)} must reach the training lengths {list(self.train_n)}")
-        if self.torch_threads < 1:
-            raise ValueError(f"task.torch_threads must be >= 1, got {self.torch_threads}")
-        if self.compute_matched_ratio is not None and self.compute_matched_ratio <= 0:
-            raise ValueError("task.compute_matched_ratio must be > 0 or null")
-
-    def max_length(self) -> int:
-        """Tokens in the longest evaluation row (dictionary, delimiter, actions, the trailing <eos>)."""
-        return self.dict_size * (self.k + 1) + 1 + self.eval_n[1] * (self.k + 1) + 1
-
-
-def config_name(preset: str) -> str:
-    """The config file of a preset name (`cpu-deep` → configs/experiments/s5_cpu_deep.yaml)."""
-    return f"experiments/s5_{preset.replace('-', '_')}"
 
 
 @dataclass
@@ -137,8 +124,6 @@ class S5Plan:
 
 def arm_spec(name: str) -> ModelSpec | None:
     """The comparison arm a model name beyond the words of NAMED_MODELS spells (None for those)."""
-    from t2mlr.baselines.matching import MODEL_SPEC_FORMS, parse_model_spec
-
     if name in NAMED_MODELS:
         return None
     try:
@@ -167,8 +152,6 @@ def run_dir_name(name: str) -> str:
 def steps_of(task: S5Task, t2mlr_steps: int, name: str) -> int:
     """T²MLR's steps for T²MLR arms, the baselines' for the others (the paper gives all baselines one budget),
     and T²MLR's steps times the measured step-time ratio for `transformer:compute-matched`."""
-    from t2mlr.baselines.matching import COMPUTE_MATCHED
-
     if is_t2mlr_arm(name):
         return t2mlr_steps
     if (spec := arm_spec(name)) is not None and spec.budget == COMPUTE_MATCHED:
@@ -181,10 +164,6 @@ def steps_of(task: S5Task, t2mlr_steps: int, name: str) -> int:
 
 def check_models(models: Sequence[str], num_layers: int) -> None:
     """Every model name known, none twice, every block range inside the backbone (before any data is written)."""
-    from t2mlr.baselines.looped import parse_loop_blocks
-    from t2mlr.baselines.matching import MODEL_SPEC_FORMS
-    from t2mlr.settings import check_block_range
-
     if not models:
         raise ValueError(f"name at least one model: {', '.join(NAMED_MODELS)} or one of {MODEL_SPEC_FORMS}")
     if len(set(models)) != len(models):
@@ -205,8 +184,6 @@ def build_arms(task: S5Task, tree: dict[str, Any], models: Sequence[str], keep_a
                ) -> dict[str, Arm]:
     """Every model's arm: T²MLR placements and paths are dotted overrides of the tree, the baselines its
     matched model; `keep_all_checkpoints`: arms whose every periodic checkpoint is kept (mid-training analyses)."""
-    from t2mlr.training.arms import arm_from_tree, matched_arm
-
     t2mlr_steps = int(tree["train"]["max_steps"])
     arms = {}
     for name in models:
@@ -237,12 +214,6 @@ def data_settings(task: S5Task, seed: int) -> dict[str, Any]:
 def prepare_data(task: S5Task, seed: int, data_dir: Path, echo: dict[str, Any]) -> tuple[Any, list[dict[str, Any]]]:
     """Tokenizer, evaluation set and a training peek under `data_dir` (an earlier run's evaluation set of the
     same settings is reused); returns the tokenizer and the evaluation samples."""
-    from tqdm.auto import tqdm
-
-    from t2mlr.tasks.jsonl import read_jsonl, write_jsonl
-    from t2mlr.tasks.s5_data import S5DataSpec
-    from t2mlr.tasks.tokenizers import build_s5_tokenizer
-
     meta = data_dir / "meta.json"
     if meta.is_file() and json.loads(meta.read_text()).get("data") != data_settings(task, seed):
         raise ValueError(f"{data_dir} was generated for different data settings; use another --out or --overwrite")
@@ -271,10 +242,6 @@ def filled_tree(task: S5Task, tree: dict[str, Any], tokenizer: Any, tokenizer_di
     """The config with what follows from the task: the backbone's vocabulary, special ids and positions (the
     full base section, as the T²MLR model's config records it), the data factory's keywords, the row length
     and the data seed (= train.seed)."""
-    from t2mlr.model.configuration import build_base_config
-    from t2mlr.training.arms import base_section
-    from t2mlr.training.config import config_from_tree, deep_merge
-
     cfg = config_from_tree(tree)
     seed, (lo, hi) = cfg.train.seed, task.train_n
     base = build_base_config({**tree["model"]["base"], "vocab_size": len(tokenizer),
@@ -292,11 +259,7 @@ def filled_tree(task: S5Task, tree: dict[str, Any], tokenizer: Any, tokenizer_di
 
 def t2mlr_config(preset: str) -> Any:
     """The T²MLR model of a preset (`t2mlr params --preset s5-cpu`): its config filled in for the task's tokenizer."""
-    from t2mlr.tasks.tokenizers import build_s5_tokenizer
-    from t2mlr.training.arms import t2mlr_of
-    from t2mlr.training.config import config_from_tree, load_sections
-
-    tree, sections = load_sections(config_name(preset), [], {"task": S5Task})
+    tree, sections = load_sections(preset_config("s5", preset), [], {"task": S5Task})
     task = sections["task"]
     tokenizer = build_s5_tokenizer(task.k, task.alphabet)
     return t2mlr_of(config_from_tree(filled_tree(task, tree, tokenizer, Path("tokenizer"))))
@@ -305,11 +268,7 @@ def t2mlr_config(preset: str) -> Any:
 def plan(preset: str, task: S5Task, tree: dict[str, Any], out: str | Path, models: Sequence[str] = MODEL_NAMES,
          resume: bool = False, overwrite: bool = False, keep_all_checkpoints: Sequence[str] = ()) -> S5Plan:
     """Check the models, claim the run directories, write the data and build every arm."""
-    import shutil
 
-    from tqdm.auto import tqdm
-
-    from t2mlr.training.arms import claim_run_dirs
 
     out, models = Path(out), tuple(models)
     check_models(models, int(tree["model"]["base"]["num_hidden_layers"]))
@@ -331,8 +290,6 @@ def dry_run_arms(task: S5Task, tree: dict[str, Any], out: str | Path, models: Se
     """The arms `plan` builds, without writing anything (`--dry-run`): the tokenizer depends on the task section
     only, so it is built in memory and every arm's config is the real run's. Returns the arms and what a
     sizing of them should say."""
-    from t2mlr.tasks.tokenizers import build_s5_tokenizer
-
     models = tuple(models)
     check_models(models, int(tree["model"]["base"]["num_hidden_layers"]))
     filled = filled_tree(task, tree, build_s5_tokenizer(task.k, task.alphabet), Path(out) / "data" / "tokenizer")
@@ -356,8 +313,6 @@ def forward_kwargs(model: Any, path: Mapping[str, Any] | None = None) -> dict[st
     """The evaluation path, explicit: T²MLR's exact recurrence, or `path` when given (e.g. `{"recurrence":
     "jacobi", "d_forward": 8}`); nothing for the baselines (a path for a model without recurrence is an error).
     Never the config's default (docs/semantics.md §9)."""
-    from t2mlr.model import is_t2mlr
-
     if not is_t2mlr(model):
         if path:
             raise ValueError(f"the evaluation path {dict(path)} applies to T²MLR models only")
@@ -372,14 +327,6 @@ def evaluate_by_n(model: Any, samples: Sequence[Mapping[str, Any]], tokenizer: A
     once, its prediction at position t is argmax(logits[t]), scored against target[t] after the delimiter
     (`t2mlr.tasks.scoring`). Rows of one N have one length, so batches need no padding. Under torchrun
     (`env`) the batches are shared out over the ranks and the scores gathered back in order."""
-    import torch
-    from tqdm.auto import tqdm
-
-    from t2mlr.analysis.common import fixed_depth
-    from t2mlr.tasks.scoring import aggregate_s5_by_n, score_s5_prediction
-    from t2mlr.training.distributed import shard_and_gather
-    from t2mlr.utils import off_main_rank
-
     def ids(tokens: Sequence[str]) -> list[int]:
         found = tokenizer.convert_tokens_to_ids(list(tokens))
         if any(i is None or i == tokenizer.unk_token_id for i in found):
@@ -438,9 +385,6 @@ def evaluate(plan: S5Plan, trained: Mapping[str, TrainedArm], env: DistEnv | Non
              ) -> tuple[list[ModelResult], str]:
     """Per-N evaluation of every trained model (the others are left out), on the task's torch threads, shared
     out over the ranks under torchrun (`env`); returns the results and the device they ran on."""
-    from t2mlr.baselines.matching import count_parameters
-    from t2mlr.training.arms import fixed_threads, load_trained
-
     results, device_name = [], "cpu"
     with fixed_threads(plan.task.torch_threads):
         for name in [name for name in plan.models if name in trained]:
@@ -461,8 +405,6 @@ def evaluate(plan: S5Plan, trained: Mapping[str, TrainedArm], env: DistEnv | Non
 
 
 def _fmt(value: float | None) -> str:
-    from t2mlr.analysis.report import percent
-
     return "–" if value is None or math.isnan(value) else percent(value)
 
 
@@ -473,8 +415,6 @@ def _span(lo: int, hi: int) -> str:
 def results_table(results: Sequence[ModelResult], task: S5Task) -> list[str]:
     """One row per model; EM and token accuracy over the training lengths and, when the evaluation goes further,
     beyond them."""
-    from t2mlr.analysis.report import minutes, table
-
     lo, hi = task.train_n
     spans = [(lo, hi)] + ([(hi + 1, task.eval_n[1])] if hi < task.eval_n[1] else [])
     head = ["model", "trained on", "evaluated on", "parameters", "steps", "training time",
@@ -488,8 +428,6 @@ def results_table(results: Sequence[ModelResult], task: S5Task) -> list[str]:
 
 
 def per_n_table(results: Sequence[ModelResult]) -> list[str]:
-    from t2mlr.analysis.report import table
-
     ns = sorted({n for r in results for n in r.per_n})
     rows = []
     for n in ns:
@@ -501,10 +439,6 @@ def per_n_table(results: Sequence[ModelResult]) -> list[str]:
 
 def describe(plan: S5Plan) -> list[str]:
     """The settings lines of results.md: data, models, the compute-matched steps, metrics, the preset's notes."""
-    from t2mlr.analysis.report import optimizer_settings
-    from t2mlr.baselines.matching import COMPUTE_MATCHED
-    from t2mlr.baselines.recurrent import RECURRENT_CELLS
-
     task, cfg = plan.task, plan.arms[plan.models[0]].config if "t2mlr" not in plan.arms else plan.arms["t2mlr"].config
     t2mlr = plan.tree["model"]
     base = t2mlr["base"]
@@ -545,12 +479,6 @@ def finish(plan: S5Plan, trained: Mapping[str, TrainedArm], started: float, work
            failures: Mapping[str, str] | None = None, env: DistEnv | None = None) -> list[ModelResult]:
     """Evaluate the trained models and write results.md, results.json and accuracy_vs_length.png (under
     torchrun, `env`: every rank evaluates its share, rank 0 writes)."""
-    from tqdm.auto import tqdm
-
-    from t2mlr.analysis.figures import plot_accuracy_vs_length
-    from t2mlr.analysis.report import minutes, write_result
-    from t2mlr.utils import cpu_arithmetic
-
     results, device = evaluate(plan, trained, env)
     if env is not None and not env.is_main:
         return results
@@ -597,11 +525,6 @@ def run(preset: str, task: S5Task, tree: dict[str, Any], out: str | Path, models
         resume: bool = False, overwrite: bool = False, workers: int | None = None) -> list[ModelResult]:
     """Data → trainings (side by side in `workers` processes; default one per model up to the CPU threads) →
     per-N evaluation → results.md / results.json / accuracy_vs_length.png."""
-    from tqdm.auto import tqdm
-
-    from t2mlr.training.arms import resolve_workers, train_arms
-    from t2mlr.training.distributed import computed_by_main, current_env
-
     started = time.perf_counter()
     env = current_env(tree["train"].get("device", "auto"))
     experiment = computed_by_main(lambda: plan(preset, task, tree, out, models, resume, overwrite), env)

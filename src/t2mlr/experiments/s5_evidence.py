@@ -56,45 +56,39 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from tqdm.auto import tqdm
+
+from t2mlr.analysis.common import TRAINING_DATA, load_analysis_model
+from t2mlr.analysis.costs import measure_costs
+from t2mlr.analysis.depth_grid import DEFAULT_DEPTHS
+from t2mlr.analysis.figures import plot_accuracy_by_depth, plot_accuracy_over_seeds, plot_cosine_grid, plot_gates
+from t2mlr.analysis.gates import gate_trajectory, run_gates
+from t2mlr.analysis.gradient_fidelity import parse_depths, run_gradient_fidelity
+from t2mlr.analysis.jacobi_vs_exact import run_jacobi_depths
 from t2mlr.analysis.report import table, write_result
 from t2mlr.experiments import s5
-from t2mlr.experiments.s5 import FIGURE, RESULTS_JSON, RESULTS_MD, arm_spec, is_t2mlr_arm, label_of, run_dir_name
-
-if TYPE_CHECKING:
-    from t2mlr.experiments.s5 import S5Plan
-    from t2mlr.training.arms import Arm
+from t2mlr.experiments.s5 import (
+    FIGURE,
+    RESULTS_JSON,
+    RESULTS_MD,
+    S5Plan,
+    arm_spec,
+    evaluate_by_n,
+    is_t2mlr_arm,
+    label_of,
+    run_dir_name,
+)
+from t2mlr.experiments.sections import DESIGNS, Variant, preset_config
+from t2mlr.training.arms import Arm, fixed_threads, resolve_workers, train_arms
+from t2mlr.training.config import load_sections
+from t2mlr.training.metrics import METRICS_FILE, optimizer_step_seconds, read_metrics
+from t2mlr.training.trainer import CHECKPOINT_DIR, FINAL_DIR
 
 __all__ = ["DESIGNS", "RunPlace", "StudyRun", "Variant", "dry_run_arms", "is_t2mlr_arm", "plan_study", "rewrite_report",
            "run_study", "summarize_arm", "summary_rows"]
 
-# The arms of the study, fixed before any result. T²MLR(1,2) is the `cpu` (and `tiny`) preset's placement.
-MAIN_ARMS = (
-    "t2mlr",  # the preset's path: exact
-    "t2mlr:1-2:jacobi:16:4",
-    "t2mlr:1-2:jacobi:4:2",
-    "transformer",
-    "transformer:compute-matched",
-    "looped:full:2",
-    "pause:2",
-    "looped:full:3",  # looped ×3 over T²MLR's block range (1-2), which on 2 blocks is every block
-)
-DEEP_ARMS = ("t2mlr", "looped:2-3:3", "transformer")  # T²MLR(2,3) exact on 4 blocks
-
-
-@dataclass(frozen=True)
-class Variant:
-    """One backbone of the study: a preset and the arms trained on it."""
-
-    preset: str
-    arms: tuple[str, ...]
-
-
-DESIGNS: dict[str, tuple[Variant, ...]] = {
-    "cpu": (Variant("cpu", MAIN_ARMS), Variant("cpu-deep", DEEP_ARMS)),
-    "tiny": (Variant("tiny", MAIN_ARMS), Variant("tiny-deep", DEEP_ARMS)),  # a pipeline check: numbers mean nothing
-}
 COSTS_DIR = "costs"
 TRAIN_TIMES = "train_time.json"  # per seed and preset: arm -> optimizer-step seconds
 
@@ -152,12 +146,10 @@ def variant_configs(design: str, seeds: Sequence[int], overrides: Sequence[str]
     """Each (seed, variant) of the study with its trainer tree and task section (`overrides`: dotted config
     overrides for every variant, e.g. the tests' steps), and its T²MLR arms, whose every periodic checkpoint is
     kept for the mid-training analyses."""
-    from t2mlr.training.config import load_sections
-
     check_design(design, seeds)
     for seed in seeds:
         for variant in DESIGNS[design]:
-            tree, sections = load_sections(s5.config_name(variant.preset), [*overrides, f"train.seed={seed}"],
+            tree, sections = load_sections(preset_config("s5", variant.preset), [*overrides, f"train.seed={seed}"],
                                            {"task": s5.S5Task})
             yield seed, variant, tree, sections["task"], tuple(arm for arm in variant.arms if is_t2mlr_arm(arm))
 
@@ -219,9 +211,6 @@ def load_or_measure_costs(runs: Sequence[StudyRun], out: Path, rounds: int, deco
                           ) -> dict[str, dict[str, Any]]:
     """The side-by-side cost measurement of every variant's arms (`t2mlr.analysis.costs`, on the first seed's
     arms), made once and kept under OUT/costs/ (a resumed study reuses it)."""
-    from tqdm.auto import tqdm
-
-    from t2mlr.analysis.costs import measure_costs
 
     costs = {}
     for run in runs:
@@ -243,9 +232,6 @@ def run_study(design: str, seeds: Sequence[int], out: str | Path, report: str | 
     """Measure the arms' costs (once), train every run (resuming), evaluate each seed, run the analyses and
     write the report (default OUT/report). Returns what the report holds. `report_only`: write the report
     from what OUT holds (see `rewrite_report`)."""
-    from tqdm.auto import tqdm
-
-    from t2mlr.training.arms import resolve_workers, train_arms
 
     started = time.perf_counter()
     out = Path(out)
@@ -312,8 +298,6 @@ JACOBI_GAP_POINTS = 3.0  # issue #35: Jacobi (16, 4) within 3 points of exact tr
 
 def _finished_t2mlr_arms(run: StudyRun) -> Iterator[tuple[str, Path]]:
     """Each T²MLR arm of the run that finished training, with its run directory."""
-    from t2mlr.training.trainer import FINAL_DIR
-
     for arm in run.place.t2mlr_arms:
         run_dir = run.plan.out / run_dir_name(arm)
         if (run_dir / FINAL_DIR / "config.json").is_file():
@@ -322,16 +306,12 @@ def _finished_t2mlr_arms(run: StudyRun) -> Iterator[tuple[str, Path]]:
 
 def mid_checkpoint(run_dir: Path, max_steps: int) -> Path | None:
     """The kept checkpoint at the largest step <= half the run's steps (None when there is none)."""
-    from t2mlr.training.trainer import CHECKPOINT_DIR
-
     steps = [(int(path.name.split("_")[-1]), path) for path in (run_dir / CHECKPOINT_DIR).glob("step_*")]
     first_half = [(step, path) for step, path in steps if 0 < step <= max_steps // 2]
     return max(first_half)[1] if first_half else None
 
 
 def _gates(runs: Sequence[StudyRun], out: Path, seed: int) -> None:
-    from t2mlr.analysis.gates import run_gates
-
     # run directory -> label, of every T²MLR run that has trained
     labels = {run.plan.out / run_dir_name(arm): f"{run.plan.preset}: {label_of(arm)}" for run in runs
               for arm in run.place.t2mlr_arms if (run.plan.out / run_dir_name(arm) / "metrics.jsonl").is_file()}
@@ -340,13 +320,6 @@ def _gates(runs: Sequence[StudyRun], out: Path, seed: int) -> None:
 
 
 def _gradient_fidelity(run: StudyRun, out: Path) -> None:
-    from tqdm.auto import tqdm
-
-    from t2mlr.analysis.common import TRAINING_DATA
-    from t2mlr.analysis.depth_grid import DEFAULT_DEPTHS
-    from t2mlr.analysis.gradient_fidelity import parse_depths, run_gradient_fidelity
-    from t2mlr.training.trainer import FINAL_DIR
-
     deepest = run.plan.task.max_length() + 1  # > every row: the Jacobi gradient is the exact one there
     for arm, run_dir in _finished_t2mlr_arms(run):
         mid = mid_checkpoint(run_dir, run.plan.steps(arm))
@@ -365,11 +338,6 @@ def _gradient_fidelity(run: StudyRun, out: Path) -> None:
 
 
 def _jacobi_depths(run: StudyRun, out: Path) -> None:
-    from t2mlr.analysis.common import TRAINING_DATA, load_analysis_model
-    from t2mlr.analysis.jacobi_vs_exact import run_jacobi_depths
-    from t2mlr.experiments.s5 import evaluate_by_n
-    from t2mlr.training.trainer import FINAL_DIR
-
     for arm, run_dir in _finished_t2mlr_arms(run):
         final = run_dir / FINAL_DIR
         target = seed_dir(out, run.seed) / ANALYSES / "jacobi_depths" / f"{run.plan.preset}_{run_dir.name}"
@@ -390,8 +358,6 @@ def _jacobi_depths(run: StudyRun, out: Path) -> None:
 
 def run_analyses(runs: Sequence[StudyRun], out: Path) -> None:
     """Every analysis of every seed (each on the seed's preset's torch threads; existing outputs are kept)."""
-    from t2mlr.training.arms import fixed_threads
-
     for seed in dict.fromkeys(run.seed for run in runs):
         seed_runs = [run for run in runs if run.seed == seed]
         with fixed_threads(seed_runs[0].plan.task.torch_threads):
@@ -511,8 +477,6 @@ def _write_train_times(place: RunPlace, path: Path) -> None:
     """Each arm's optimizer-step seconds, read from its metrics.jsonl: the wall clock a run records stops
     counting when the study is interrupted between an arm's end and its seed's results, the step records
     do not."""
-    from t2mlr.training.metrics import METRICS_FILE, optimizer_step_seconds, read_metrics
-
     run_dirs = {arm: place.out / run_dir_name(arm) for arm in place.models}
     seconds = {arm: optimizer_step_seconds(read_metrics(run_dir)) for arm, run_dir in run_dirs.items()
                if (run_dir / METRICS_FILE).is_file()}
@@ -625,9 +589,6 @@ def _gate_lines(report: Path) -> tuple[list[dict[str, Any]], list[str]]:
 
 
 def _gates_figure(places: Sequence[RunPlace], report: Path) -> Path | None:
-    from t2mlr.analysis.figures import plot_gates
-    from t2mlr.analysis.gates import gate_trajectory
-
     curves = {}
     for place in places:
         for arm in place.t2mlr_arms:
@@ -687,7 +648,6 @@ def write_report(places: Sequence[RunPlace], out: Path, report: Path, costs: Map
     seeds = sorted({seed for by_seed in results.values() for seed in by_seed})
     train_times = read_seed_results(report, TRAIN_TIMES)
     rows = {preset: summary_rows(by_seed, train_times.get(preset)) for preset, by_seed in results.items()}
-    from t2mlr.analysis.figures import plot_accuracy_by_depth, plot_accuracy_over_seeds, plot_cosine_grid
 
     figures = {}
     for preset, by_seed in results.items():
