@@ -31,7 +31,7 @@ from transformers.masking_utils import AttentionMaskInterface, flash_attention_m
 from trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer  # noqa: E402
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling  # noqa: E402
 
-import t2mlr  # noqa: E402,F401  (registers the t2mlr model type with the Auto classes)
+import t2mlr.model  # noqa: E402,F401  (registers the t2mlr model type with the Auto classes)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -277,7 +277,7 @@ def _is_t2mlr_directory(model_dir: str) -> bool:
     """Whether a saved model is T²MLR (its config.json's model_type), read without loading the weights."""
     from transformers import AutoConfig
 
-    import t2mlr  # noqa: F401  (registers the T²MLR config with the Auto classes)
+    import t2mlr.model  # noqa: F401  (registers the T²MLR config with the Auto classes)
 
     return AutoConfig.from_pretrained(model_dir).model_type == "t2mlr"
 

@@ -11,12 +11,12 @@ writes (`write_remote_code_modules`):
   by hand: the copies are the code of the version that saved the weights, and need torch and
   transformers only;
 * the two entry modules `AUTO_MAP` names (`configuration_t2mlr.py`, `modeling_t2mlr.py`). Each gives the
-  installed package's class when there is one (the class `import t2mlr` registers, so the library's own
+  installed package's class when there is one (the class importing `t2mlr.model` registers, so the library's own
   tools recognise the model, and a directory saved by an older release runs today's code) and the copy
   otherwise, which then registers the `t2mlr` type with the Auto classes as the package does. Only a
   missing `t2mlr` selects the copy; any other import error is raised.
 
-With `import t2mlr` the Auto classes know the type directly and `auto_map` is not used.
+Once `t2mlr.model` is imported the Auto classes know the type directly and `auto_map` is not used.
 """
 
 from __future__ import annotations

