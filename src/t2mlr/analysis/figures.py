@@ -108,26 +108,38 @@ def plot_jacobi_depths(rows: Sequence[Any], path: str | Path, title: str = "") -
 
 def plot_probes(curves: Mapping[tuple[str, int], Mapping[int, float]], path: str | Path, num_layers: int,
                 placement: tuple[int, int] | None = None) -> Path:
-    """Probe loss against block: one colour per model, one line style per offset; each tick also names
-    the layer counted back from the LM head (ℓ−1 = the last block), as the paper's table does."""
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    """Probe loss against block: one colour per model, one line style and marker per offset; each tick
+    also names the layer counted back from the LM head (ℓ−1 = the last block), as the paper's table does.
+    With several offsets a second panel gives the loss at ℓ−1 against the offset (t+1 … t+K), per model."""
     models = list(dict.fromkeys(model for model, _ in curves))
     offsets = sorted({offset for _, offset in curves})
-    styles = ["-", "--", ":", "-."]
+    fig, axes = plt.subplots(1, 2 if len(offsets) > 1 else 1, figsize=(13 if len(offsets) > 1 else 7.5, 4.5),
+                             squeeze=False)
+    ax = axes[0][0]
+    styles, markers = ["-", "--", ":", "-."], ["o", "s", "^", "v", "D", "P", "X", "*"]
     if placement is not None:
         ax.axvspan(placement[0] - 0.5, placement[1] + 0.5, color="0.92", zorder=0, label="T²MLR recurrent blocks")
     for (model, offset), losses in curves.items():
         blocks = sorted(losses)
-        ax.plot(blocks, [losses[b] for b in blocks], marker="o", markersize=3,
-                color=f"C{models.index(model)}", linestyle=styles[offsets.index(offset) % len(styles)],
-                label=f"{model}, x(t+{offset})")
+        index = offsets.index(offset)
+        ax.plot(blocks, [losses[b] for b in blocks], marker=markers[index % len(markers)], markersize=3,
+                color=f"C{models.index(model)}", linestyle=styles[index % len(styles)], label=f"{model}, x(t+{offset})")
     probed = sorted({b for losses in curves.values() for b in losses})
     ax.set_xticks(probed, [f"{b}\nℓ−{num_layers + 1 - b}" for b in probed])
     ax.set_xlim(probed[0] - 0.6, probed[-1] + 0.6)
     ax.set(xlabel="block (top) = layer counted back from the LM head (bottom; ℓ−1 after the final norm)",
            ylabel="held-out probe loss (nats/token)", title="future-token probes")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    if len(offsets) > 1:
+        by_offset = axes[0][1]
+        for model in models:
+            last = [curves[(model, k)][max(curves[(model, k)])] for k in offsets]
+            by_offset.plot(offsets, last, marker="o", color=f"C{models.index(model)}", label=model)
+        by_offset.set_xticks(offsets, [f"t+{k}" for k in offsets])
+        by_offset.set(xlabel="probed token", ylabel="held-out probe loss at ℓ−1 (nats/token)",
+                      title="loss against offset (last block)")
+    for panel in axes[0]:
+        panel.grid(alpha=0.3)
+        panel.legend(fontsize=8)
     return save_figure(fig, path)
 
 
