@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ from conftest import VOCAB as MODEL_VOCAB
 from conftest import tiny_model
 
 import t2mlr.analysis.probes as probes_module
-from t2mlr.analysis.common import load_analysis_model, model_batches
+from t2mlr.analysis.common import data_config_for, load_analysis_model, model_batches
 from t2mlr.analysis.probes import (
     ProbeSettings,
     block_hidden_states,
@@ -30,6 +31,7 @@ from t2mlr.analysis.probes import (
     train_probe,
 )
 from t2mlr.cli import main
+from t2mlr.training.data import build_dataset
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 VOCAB = 20
@@ -96,14 +98,20 @@ def test_hidden_states_are_the_blocks_outputs_on_the_exact_path() -> None:
     assert torch.allclose(states[2], reference[3].float())  # block 3 (inside the recurrent block 2..4)
 
 
-def test_command_probes_both_models_at_both_offsets(tmp_path, capsys) -> None:
+def _probe_tiny_pair(tmp_path, capsys, *options: str) -> tuple[Path, Path, Path, Path]:
+    """`t2mlr analyze probes` on a tiny T²MLR and a tiny Transformer (16-token rows); (out, model, baseline, data)."""
     model_dir = save_tiny_t2mlr(tmp_path / "t2mlr")
     baseline = save_tiny_transformer(tmp_path / "transformer")
     data = write_ids_jsonl(tmp_path / "data.jsonl", documents=60)
     out = tmp_path / "out"
     code = main(["analyze", "probes", str(model_dir), str(baseline), "--data", str(data), "--seq-len", "16",
-                 "--rows", "40", "--probe-steps", "30", "--probe-batch", "64", "--out", str(out), "--threads", "1"])
+                 *options, "--out", str(out), "--threads", "1"])
     assert code == 0, capsys.readouterr().err
+    return out, model_dir, baseline, data
+
+
+def test_command_probes_both_models_at_both_offsets(tmp_path, capsys) -> None:
+    out, *_ = _probe_tiny_pair(tmp_path, capsys, "--rows", "40", "--probe-steps", "30", "--probe-batch", "64")
     for name in ("probes.md", "probes.json", "probes.png"):
         assert (out / name).is_file(), name
     payload = json.loads((out / "probes.json").read_text())
@@ -228,14 +236,8 @@ def test_saved_heads_reload_to_the_same_held_out_loss(tmp_path, kind) -> None:
 
 
 def test_command_saves_heads_that_reproduce_the_table_and_compares_per_offset(tmp_path, capsys) -> None:
-    model_dir = save_tiny_t2mlr(tmp_path / "t2mlr")
-    baseline = save_tiny_transformer(tmp_path / "transformer")
-    data = write_ids_jsonl(tmp_path / "data.jsonl", documents=60)
-    out = tmp_path / "out"
-    code = main(["analyze", "probes", str(model_dir), str(baseline), "--data", str(data), "--seq-len", "16",
-                 "--rows", "24", "--offset", "1..3", "--layers", "2", "--probe", "linear", "--probe-steps", "20",
-                 "--probe-batch", "64", "--out", str(out), "--threads", "1"])
-    assert code == 0, capsys.readouterr().err
+    out, model_dir, baseline, data = _probe_tiny_pair(tmp_path, capsys, "--rows", "24", "--offset", "1..3", "--layers",
+                                                      "2", "--probe", "linear", "--probe-steps", "20", "--probe-batch", "64")
     payload = json.loads((out / "probes.json").read_text())
     assert payload["offsets"] == [1, 2, 3]
     # the comparison is each layer's model loss minus the baseline's, matched by layer name
@@ -249,9 +251,6 @@ def test_command_saves_heads_that_reproduce_the_table_and_compares_per_offset(tm
     assert "| x(t+3) | ℓ−1 | ℓ−2 |" in table and table.count("| difference |") == 3
     # the saved heads, reloaded, give the table's held-out loss on the held-out rows' features
     rows = payload["heldout_rows"]
-    from t2mlr.analysis.common import data_config_for
-    from t2mlr.training.data import build_dataset
-
     dataset = build_dataset(data_config_for(str(data), model_dir, 16, None, None), MODEL_VOCAB, name="--data")
     batches = model_batches(dataset, rows, 8)
     for entry, directory in zip(payload["models"], (model_dir, baseline)):
@@ -274,3 +273,25 @@ def test_no_save_heads_writes_none(tmp_path, capsys) -> None:
     assert code == 0, capsys.readouterr().err
     assert not (out / "probe_heads").exists()
     assert json.loads((out / "probes.json").read_text())["models"][0]["heads"] is None
+
+
+@pytest.mark.parametrize("offset", [1, 3])
+def test_features_coding_the_token_k_ahead_are_read_only_at_offset_k(offset) -> None:
+    """i.i.d. tokens: a state that encodes x(t+k) is probed to ~0 loss against probe_targets' offset-k targets,
+    and to about log(vocab) against the offset-(k+1) targets (x(t+k+1) is independent of x(t+k))."""
+    ids = torch.randint(0, VOCAB, (40, 64), generator=torch.Generator().manual_seed(offset))
+    valid, targets = probe_targets(ids, None, offset)
+    features = torch.zeros(40, 64, 32)
+    features[valid] = _features_holding(targets[valid])
+    split = 30  # rows 0..29 train the probe, 30..39 score it
+    settings = ProbeSettings(kind="linear", steps=300, batch_size=256, lr=1e-2)
+    for k, bound in ((offset, "low"), (offset + 1, "uniform")):
+        valid_k, targets_k = probe_targets(ids, None, k)
+        both = valid_k & valid  # positions whose feature was written
+        train, held = both.clone(), both.clone()
+        train[split:], held[:split] = False, False
+        result = train_probe(features[train], targets_k[train], features[held], targets_k[held], VOCAB, settings)
+        if bound == "low":
+            assert result.loss < 0.05
+        else:
+            assert result.loss > 0.9 * math.log(VOCAB)

@@ -107,10 +107,12 @@ def plot_jacobi_depths(rows: Sequence[Any], path: str | Path, title: str = "") -
 
 
 def plot_probes(curves: Mapping[tuple[str, int], Mapping[int, float]], path: str | Path, num_layers: int,
-                placement: tuple[int, int] | None = None) -> Path:
+                placement: tuple[int, int] | None = None,
+                differences: Mapping[int, Mapping[str, float]] | None = None) -> Path:
     """Probe loss against block: one colour per model, one line style and marker per offset; each tick
     also names the layer counted back from the LM head (ℓ−1 = the last block), as the paper's table does.
-    With several offsets a second panel gives the loss at ℓ−1 against the offset (t+1 … t+K), per model."""
+    With several offsets a second panel runs along the offset (t+1 … t+K): the model − baseline difference
+    per layer when `differences` ({offset: {layer name: difference}}) is given, else each model's loss at ℓ−1."""
     models = list(dict.fromkeys(model for model, _ in curves))
     offsets = sorted({offset for _, offset in curves})
     fig, axes = plt.subplots(1, 2 if len(offsets) > 1 else 1, figsize=(13 if len(offsets) > 1 else 7.5, 4.5),
@@ -131,15 +133,24 @@ def plot_probes(curves: Mapping[tuple[str, int], Mapping[int, float]], path: str
            ylabel="held-out probe loss (nats/token)", title="future-token probes")
     if len(offsets) > 1:
         by_offset = axes[0][1]
-        for model in models:
-            last = [curves[(model, k)][max(curves[(model, k)])] for k in offsets]
-            by_offset.plot(offsets, last, marker="o", color=f"C{models.index(model)}", label=model)
+        if differences is not None:
+            layers = list(dict.fromkeys(layer for k in offsets for layer in differences[k]))
+            by_offset.axhline(0.0, color="grey", linewidth=0.8)
+            for index, layer in enumerate(layers):
+                by_offset.plot(offsets, [differences[k][layer] for k in offsets], marker=markers[index % len(markers)],
+                               color=f"C{index}", label=layer)
+            by_offset.set(ylabel=f"{models[0]} − {models[1]} probe loss (nats/token)",
+                          title="difference against offset (below 0: the model anticipates better)")
+        else:
+            for model in models:
+                last = [curves[(model, k)][max(curves[(model, k)])] for k in offsets]
+                by_offset.plot(offsets, last, marker="o", color=f"C{models.index(model)}", label=model)
+            by_offset.set(ylabel="held-out probe loss at ℓ−1 (nats/token)", title="loss against offset (last block)")
         by_offset.set_xticks(offsets, [f"t+{k}" for k in offsets])
-        by_offset.set(xlabel="probed token", ylabel="held-out probe loss at ℓ−1 (nats/token)",
-                      title="loss against offset (last block)")
+        by_offset.set_xlabel("probed token")
     for panel in axes[0]:
         panel.grid(alpha=0.3)
-        panel.legend(fontsize=8)
+        panel.legend(fontsize=7, ncol=2 if len(curves) > 4 else 1)
     return save_figure(fig, path)
 
 

@@ -72,6 +72,8 @@ __all__ = [
     "ProbeSettings",
     "block_hidden_states",
     "check_offsets",
+    "check_probe_tokens",
+    "compare_to_baseline",
     "fit_probe",
     "load_probe_heads",
     "parse_offsets",
@@ -351,10 +353,11 @@ def _split_rows(count: int, rows: int | None, heldout_fraction: float, seed: int
 
 def probe_model(model: nn.Module, info: ModelInfo, train_batches: Sequence[dict[str, torch.Tensor]],
                 eval_batches: Sequence[dict[str, torch.Tensor]], offsets: Sequence[int], settings: ProbeSettings,
-                path: dict[str, Any], layers: int | None = None,
+                path: dict[str, Any], layers: int | None = None, keep_heads: bool = True,
                 ) -> tuple[dict[int, dict[int, ProbeResult]], dict[int, dict[int, ProbeHead]]]:
     """Per offset, {block: probe result} and {block: trained head} for the `layers` blocks nearest the
-    head (all L by default)."""
+    head (all L by default); without `keep_heads` each head is dropped once scored (they hold
+    2·hidden·vocab weights each), and the second dict stays empty."""
     call = path if info.recurrent else {}
     train = collect_features(model, train_batches, offsets, f"{info.label}: hidden states (train)", **call)
     held = collect_features(model, eval_batches, offsets, f"{info.label}: hidden states (held-out)", **call)
@@ -365,11 +368,12 @@ def probe_model(model: nn.Module, info: ModelInfo, train_batches: Sequence[dict[
     with tqdm(total=len(offsets) * len(blocks), desc=f"{info.label}: probes", unit="probe", dynamic_ncols=True) as bar:
         for offset in offsets:
             (train_x, train_y), (eval_x, eval_y) = train[offset], held[offset]
-            results[offset], heads[offset] = {}, {}
+            results[offset] = {}
             for block in blocks:
                 bar.set_postfix(offset=offset, block=block)
                 head = fit_probe(train_x[block - 1], train_y, vocab, settings)
-                heads[offset][block] = head
+                if keep_heads:
+                    heads.setdefault(offset, {})[block] = head
                 results[offset][block] = _result(head, len(train_y), eval_x[block - 1], eval_y)
                 bar.update(1)
     return results, heads
@@ -507,7 +511,8 @@ def run_probes(
     out = Path(out)
     results, head_files = [], []
     for role, (name, model), (_, info) in zip(("model", "baseline"), loaded, infos):
-        per_offset, heads = probe_model(model, info, train_batches, eval_batches, offsets, settings, path, layers)
+        per_offset, heads = probe_model(model, info, train_batches, eval_batches, offsets, settings, path, layers,
+                                        keep_heads=save_heads)
         results.append(per_offset)
         if save_heads:
             description = {"model_dir": name, "label": info.label, "num_layers": info.num_layers,
@@ -517,11 +522,13 @@ def run_probes(
         del heads
     curves = {(info.label, offset): {b: r.loss for b, r in per_offset[offset].items()}
               for (_, info), per_offset in zip(infos, results) for offset in offsets}
-    recurrent = [info.placement for _, info in infos if info.placement is not None]
-    figure = plot_probes(curves, out / FIGURE, max(info.num_layers for _, info in infos),
-                         recurrent[0] if recurrent else None)
     compared = (compare_to_baseline(results[0], infos[0][1].num_layers, results[1], infos[1][1].num_layers, offsets)
                 if len(results) == 2 else None)
+    recurrent = [info.placement for _, info in infos if info.placement is not None]
+    figure = plot_probes(curves, out / FIGURE, max(info.num_layers for _, info in infos),
+                         recurrent[0] if recurrent else None,
+                         None if compared is None else {k: {r["layer"]: r["difference"] for r in rows}
+                                                        for k, rows in compared.items()})
     payload = {
         "data": str(data), "seq_len": length, "train_rows": train_rows, "heldout_rows": held_rows,
         "offsets": offsets, "layers": layers, "settings": asdict(settings), "path": path,
