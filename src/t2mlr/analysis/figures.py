@@ -5,7 +5,8 @@
 * `plot_jacobi_vs_exact` (table jacobi_vs_exact): the five validation losses side by side, and each
   arm's validation loss during training.
 * `plot_probes` (table future-token-prediction): probe loss against block, one line per model and offset,
-  the recurrent blocks shaded.
+  the recurrent blocks shaded; with offsets t+1 … t+K, beside it the model − baseline difference per layer
+  against the offset.
 * `plot_jacobi_depths`: a trained model's Jacobi path against its exact path at each evaluation depth.
 * `plot_gates` (figure gamma-step): γ_cur and γ_rec against training step, one line per run.
 * `plot_placement` (figure loss_vs_lstart, table layer_location): validation loss against l_start, the
