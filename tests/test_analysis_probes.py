@@ -1,24 +1,37 @@
 """`t2mlr analyze probes`: the probe recovers a token that the features contain by construction, finds
-nothing in noise, targets respect documents, and the command runs end to end."""
+nothing in noise, targets respect documents, offsets t+1..t+K are spelt as a range and refused outside
+1..seq_len−1 before any forward pass, saved heads reload to the same held-out loss (against a float64
+hand-written forward of their tensors), the model-against-baseline table is the difference of the two
+models' probes, and the command runs end to end."""
 
 from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
 from analysis_helpers import save_tiny_t2mlr, save_tiny_transformer, write_ids_jsonl
+from conftest import VOCAB as MODEL_VOCAB
 from conftest import tiny_model
 
+import t2mlr.analysis.probes as probes_module
+from t2mlr.analysis.common import data_config_for, load_analysis_model, model_batches
 from t2mlr.analysis.probes import (
     ProbeSettings,
     block_hidden_states,
     check_offsets,
+    collect_features,
+    fit_probe,
+    load_probe_heads,
+    parse_offsets,
     probe_targets,
+    save_probe_heads,
     train_probe,
 )
 from t2mlr.cli import main
+from t2mlr.training.data import build_dataset
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 VOCAB = 20
@@ -85,14 +98,20 @@ def test_hidden_states_are_the_blocks_outputs_on_the_exact_path() -> None:
     assert torch.allclose(states[2], reference[3].float())  # block 3 (inside the recurrent block 2..4)
 
 
-def test_command_probes_both_models_at_both_offsets(tmp_path, capsys) -> None:
+def _probe_tiny_pair(tmp_path, capsys, *options: str) -> tuple[Path, Path, Path, Path]:
+    """`t2mlr analyze probes` on a tiny T²MLR and a tiny Transformer (16-token rows); (out, model, baseline, data)."""
     model_dir = save_tiny_t2mlr(tmp_path / "t2mlr")
     baseline = save_tiny_transformer(tmp_path / "transformer")
     data = write_ids_jsonl(tmp_path / "data.jsonl", documents=60)
     out = tmp_path / "out"
     code = main(["analyze", "probes", str(model_dir), str(baseline), "--data", str(data), "--seq-len", "16",
-                 "--rows", "40", "--probe-steps", "30", "--probe-batch", "64", "--out", str(out), "--threads", "1"])
+                 *options, "--out", str(out), "--threads", "1"])
     assert code == 0, capsys.readouterr().err
+    return out, model_dir, baseline, data
+
+
+def test_command_probes_both_models_at_both_offsets(tmp_path, capsys) -> None:
+    out, *_ = _probe_tiny_pair(tmp_path, capsys, "--rows", "40", "--probe-steps", "30", "--probe-batch", "64")
     for name in ("probes.md", "probes.json", "probes.png"):
         assert (out / name).is_file(), name
     payload = json.loads((out / "probes.json").read_text())
@@ -133,3 +152,146 @@ def test_layers_probes_only_the_blocks_nearest_the_head(tmp_path, capsys) -> Non
     code = main(["analyze", "probes", str(model_dir), "--data", str(data), "--seq-len", "16", "--layers", "6",
                  "--out", str(tmp_path / "bad"), "--threads", "1"])
     assert code == 2 and "--layers must lie in [1, 5]" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------- offsets t+1..t+K
+
+
+def test_offsets_are_spelt_as_lists_and_ranges() -> None:
+    assert parse_offsets("1..4") == [1, 2, 3, 4]
+    assert parse_offsets("1..3,6") == [1, 2, 3, 6]
+    assert parse_offsets("2,1,2") == [2, 1]
+    assert parse_offsets("3..3") == [3]
+
+
+@pytest.mark.parametrize("bad", ["0..3", "3..1", "x", "1...3", "1..", "", "-1"])
+def test_a_misspelt_offset_is_refused_with_the_form(bad) -> None:
+    with pytest.raises(ValueError, match="--offset|at least one"):
+        parse_offsets(bad)
+
+
+def test_offsets_past_the_row_are_refused_with_the_valid_range() -> None:
+    assert check_offsets([1, 15], seq_len=16) == [1, 15]
+    with pytest.raises(ValueError, match=r"must lie in 1\.\.15"):
+        check_offsets([1, 16], seq_len=16)
+
+
+def _no_forward_pass(*args, **kwargs):
+    raise AssertionError("a forward pass ran before the offsets were checked")
+
+
+@pytest.mark.parametrize("offset, documents, message", [
+    ("1..16", {}, "offsets must lie in 1..15"),  # past the row
+    ("2..6", {"low": 3, "high": 5}, "--offset 4: no train token has a target 4 tokens ahead"),  # past every document
+])
+def test_bad_offsets_stop_before_any_forward_pass(tmp_path, capsys, monkeypatch, offset, documents, message) -> None:
+    monkeypatch.setattr(probes_module, "block_hidden_states", _no_forward_pass)
+    model_dir = save_tiny_t2mlr(tmp_path / "t2mlr")
+    data = write_ids_jsonl(tmp_path / "data.jsonl", documents=150, **documents)  # documents of 3 or 4 tokens
+    code = main(["analyze", "probes", str(model_dir), "--data", str(data), "--seq-len", "16", "--rows", "20",
+                 "--offset", offset, "--out", str(tmp_path / "out"), "--threads", "1"])
+    assert code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------------------------------------- saved heads
+
+
+def _reference_loss(tensors: dict[str, torch.Tensor], prefix: str, kind: str, x: torch.Tensor,
+                    y: torch.Tensor) -> float:
+    """The held-out loss from a head's raw tensors, written out in float64 (standardise, layers, log-softmax)."""
+    t = {name[len(prefix):]: value.double() for name, value in tensors.items() if name.startswith(prefix)}
+    z = (x.double() - t["mean"]) / t["spread"]
+    if kind == "linear":
+        logits = z @ t["net.weight"].T + t["net.bias"]
+    else:
+        hidden = torch.nn.functional.gelu(z @ t["net.0.weight"].T + t["net.0.bias"])
+        logits = hidden @ t["net.2.weight"].T + t["net.2.bias"]
+    return float(-torch.log_softmax(logits, dim=-1).gather(1, y[:, None]).mean())
+
+
+@pytest.mark.parametrize("kind", ["linear", "mlp"])
+def test_saved_heads_reload_to_the_same_held_out_loss(tmp_path, kind) -> None:
+    from safetensors.torch import load_file
+
+    generator = torch.Generator().manual_seed(5)
+    train_y, eval_y = torch.randint(0, VOCAB, (800,), generator=generator), torch.randint(0, VOCAB, (300,), generator=generator)
+    train_x, eval_x = _features_holding(train_y, noise=1.0), _features_holding(eval_y, noise=1.0, seed=4)
+    settings = ProbeSettings(kind=kind, steps=60, batch_size=128, lr=1e-2)
+    heads = {3: {2: fit_probe(train_x, train_y, VOCAB, settings), 4: fit_probe(2 * train_x, train_y, VOCAB, settings)}}
+    results = {3: {b: train_probe(f * train_x, train_y, f * eval_x, eval_y, VOCAB, settings)
+                   for b, f in ((2, 1), (4, 2))}}
+    weights, index = save_probe_heads(heads, tmp_path / "model", {"label": "hand-made"}, results, num_layers=4)
+    loaded = load_probe_heads(index)
+    tensors = load_file(weights)
+    meta = json.loads(index.read_text())
+    assert {(h["offset"], h["block"], h["layer"]) for h in meta["heads"]} == {(3, 2, "ℓ−3"), (3, 4, "ℓ−1")}
+    for block, factor in ((2, 1), (4, 2)):
+        loss, accuracy = loaded[3][block].score(factor * eval_x, eval_y)
+        assert loss == pytest.approx(results[3][block].loss, abs=1e-6)
+        assert accuracy == results[3][block].accuracy
+        reference = _reference_loss(tensors, f"offset3.block{block}.", kind, factor * eval_x, eval_y)
+        assert loss == pytest.approx(reference, abs=1e-5)
+    assert results[3][2].loss < 0.5 * math.log(VOCAB)  # the features hold the target: the probe learnt something
+
+
+def test_command_saves_heads_that_reproduce_the_table_and_compares_per_offset(tmp_path, capsys) -> None:
+    out, model_dir, baseline, data = _probe_tiny_pair(tmp_path, capsys, "--rows", "24", "--offset", "1..3", "--layers",
+                                                      "2", "--probe", "linear", "--probe-steps", "20", "--probe-batch", "64")
+    payload = json.loads((out / "probes.json").read_text())
+    assert payload["offsets"] == [1, 2, 3]
+    # the comparison is each layer's model loss minus the baseline's, matched by layer name
+    by_layer = [{(k, p["layer"]): p["loss"] for k, per in m["probes"].items() for p in per} for m in payload["models"]]
+    for k, rows in payload["comparison"].items():
+        assert [r["layer"] for r in rows] == ["ℓ−1", "ℓ−2"]
+        for r in rows:
+            assert r["model"] == by_layer[0][(k, r["layer"])] and r["baseline"] == by_layer[1][(k, r["layer"])]
+            assert r["difference"] == pytest.approx(r["model"] - r["baseline"], abs=1e-12)
+    table = (out / "probes.md").read_text()
+    assert "| x(t+3) | ℓ−1 | ℓ−2 |" in table and table.count("| difference |") == 3
+    # the saved heads, reloaded, give the table's held-out loss on the held-out rows' features
+    rows = payload["heldout_rows"]
+    dataset = build_dataset(data_config_for(str(data), model_dir, 16, None, None), MODEL_VOCAB, name="--data")
+    batches = model_batches(dataset, rows, 8)
+    for entry, directory in zip(payload["models"], (model_dir, baseline)):
+        heads = load_probe_heads(out / entry["heads"])
+        features = collect_features(load_analysis_model(directory, "cpu"), batches, [1, 2, 3], "reload")
+        for k, per_block in heads.items():
+            assert sorted(per_block) == [4, 5]
+            x, y = features[k]
+            for p in entry["probes"][str(k)]:
+                assert per_block[p["block"]].score(x[p["block"] - 1], y)[0] == pytest.approx(p["loss"], abs=1e-6)
+
+
+def test_no_save_heads_writes_none(tmp_path, capsys) -> None:
+    model_dir = save_tiny_t2mlr(tmp_path / "t2mlr")
+    data = write_ids_jsonl(tmp_path / "data.jsonl", documents=40)
+    out = tmp_path / "out"
+    code = main(["analyze", "probes", str(model_dir), "--data", str(data), "--seq-len", "16", "--rows", "12",
+                 "--offset", "1", "--layers", "1", "--probe", "linear", "--probe-steps", "3", "--no-save-heads",
+                 "--out", str(out), "--threads", "1"])
+    assert code == 0, capsys.readouterr().err
+    assert not (out / "probe_heads").exists()
+    assert json.loads((out / "probes.json").read_text())["models"][0]["heads"] is None
+
+
+@pytest.mark.parametrize("offset", [1, 3])
+def test_features_coding_the_token_k_ahead_are_read_only_at_offset_k(offset) -> None:
+    """i.i.d. tokens: a state that encodes x(t+k) is probed to ~0 loss against probe_targets' offset-k targets,
+    and to about log(vocab) against the offset-(k+1) targets (x(t+k+1) is independent of x(t+k))."""
+    ids = torch.randint(0, VOCAB, (40, 64), generator=torch.Generator().manual_seed(offset))
+    valid, targets = probe_targets(ids, None, offset)
+    features = torch.zeros(40, 64, 32)
+    features[valid] = _features_holding(targets[valid])
+    split = 30  # rows 0..29 train the probe, 30..39 score it
+    settings = ProbeSettings(kind="linear", steps=300, batch_size=256, lr=1e-2)
+    for k, bound in ((offset, "low"), (offset + 1, "uniform")):
+        valid_k, targets_k = probe_targets(ids, None, k)
+        both = valid_k & valid  # positions whose feature was written
+        train, held = both.clone(), both.clone()
+        train[split:], held[:split] = False, False
+        result = train_probe(features[train], targets_k[train], features[held], targets_k[held], VOCAB, settings)
+        if bound == "low":
+            assert result.loss < 0.05
+        else:
+            assert result.loss > 0.9 * math.log(VOCAB)

@@ -185,6 +185,11 @@ COVERED_BY = {
     "t2mlr analyze probes runs/jve/jacobi/final runs/jve/transformer/final --data data/english/validation_shards "
     "--rows 256 --layers 5 --probe-steps 200 --probe-batch 256 --out results/analyses/probes":
         "tests/test_analysis_probes.py::test_layers_probes_only_the_blocks_nearest_the_head",
+    "t2mlr analyze jacobi-vs-exact debug --out runs/jve_debug data.kwargs.noise=0.3 eval.data.kwargs.noise=0.3":
+        "tests/test_analysis_jacobi_vs_exact.py::test_command_trains_three_arms_evaluates_both_paths_and_resumes",
+    "t2mlr analyze probes runs/jve_debug/jacobi/final runs/jve_debug/transformer/final --data train --offset 1..4 "
+    "--rows 128 --probe-steps 200 --probe-batch 256 --out results/analyses/probes_offsets":
+        "tests/test_analysis_probes.py::test_command_saves_heads_that_reproduce_the_table_and_compares_per_offset",
     't2mlr analyze gates runs/jve/jacobi runs/jve/exact runs/jve/transformer --labels "Jacobi 16:4" "exact bptt 4" '
     'Transformer --out results/analyses/gates':
         "tests/test_analysis_gates.py::test_labels_name_the_runs_and_must_match_their_count",

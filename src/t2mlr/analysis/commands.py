@@ -3,7 +3,7 @@
   t2mlr analyze gradient-fidelity CHECKPOINT --data FILE --out DIR [--depths 2:1,4:4,16:4] [--anchor 32:32]
   t2mlr analyze jacobi-vs-exact CONFIG --out DIR [key=value ...]      # trains 3 arms, evaluates both paths
   t2mlr analyze jacobi-depths CHECKPOINT --data FILE --out DIR [--depths 2,4,8,16,32]
-  t2mlr analyze probes CHECKPOINT [BASELINE_CHECKPOINT] --data FILE --offset 1,2 --out DIR
+  t2mlr analyze probes CHECKPOINT [BASELINE_CHECKPOINT] --data FILE --offset 1..4 --out DIR
   t2mlr analyze gates RUN_DIR [RUN_DIR ...] --out DIR
   t2mlr analyze placement CONFIG --starts 1,5,9,13,15 [--width D] --out DIR [key=value ...]
 
@@ -42,7 +42,7 @@ HELP = {
     "jacobi-depths": "a trained T²MLR model on the Jacobi path at each depth against its exact path (loss, logits, "
                      "argmax, how far the cache state is from its fixed point)",
     "probes": "two-layer MLP probes on every block's hidden state predicting x(t+offset) (offsets 1 and 2 by "
-              "default), T²MLR vs a baseline",
+              "default, or 1..K), T²MLR vs a baseline per offset; the trained heads are saved",
     "gates": "γ_cur and γ_rec over training steps from runs' metrics.jsonl",
     "placement": "validation loss against l_start (or early / middle / late at fixed width D)",
 }
@@ -115,16 +115,15 @@ def _jacobi_depths(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _probes(args: argparse.Namespace) -> dict[str, Any]:
-    from t2mlr.utils import parse_int_list
-    from t2mlr.analysis.probes import ProbeSettings, run_probes
+    from t2mlr.analysis.probes import ProbeSettings, parse_offsets, run_probes
 
     settings = ProbeSettings(kind=args.probe, steps=args.probe_steps, batch_size=args.probe_batch, lr=args.probe_lr,
                              seed=args.seed)
     return run_probes(
-        args.checkpoint, args.data, args.out, baseline_dir=args.baseline, offsets=parse_int_list(args.offset, "--offset"),
+        args.checkpoint, args.data, args.out, baseline_dir=args.baseline, offsets=parse_offsets(args.offset),
         rows=args.rows, heldout_fraction=args.heldout_fraction, batch_size=args.batch_size, seq_len=args.seq_len,
         settings=settings, recurrence=args.recurrence, d_forward=args.d_forward, device=args.device, seed=args.seed,
-        tokenizer=args.tokenizer, eos_token_id=args.eos_token_id, layers=args.layers,
+        tokenizer=args.tokenizer, eos_token_id=args.eos_token_id, layers=args.layers, save_heads=not args.no_save_heads,
     )
 
 
@@ -227,7 +226,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     probes.add_argument("baseline", nargs="?", default=None, help="model directory of the baseline to compare with")
     _data_options(probes)
     probes.add_argument("--offset", default="1,2",
-                        help="comma-separated offsets k >= 1: probe x(t+k) from token t's state (default 1,2)")
+                        help="offsets k >= 1, comma-separated, or ranges A..B: probe x(t+k) from token t's state "
+                             "(1..4 = t+1 … t+4; each below the row length; default 1,2)")
     probes.add_argument("--rows", type=int, default=64, help="rows of --data used (default 64)")
     probes.add_argument("--layers", type=int, default=None, metavar="N",
                         help="probe only the N layers nearest the LM head, ℓ−1 … ℓ−N (the paper: 5; default: all)")
@@ -241,6 +241,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     probes.add_argument("--recurrence", choices=("exact", "jacobi"), default="exact", help="T²MLR's forward path")
     probes.add_argument("--d-forward", type=int, default=None, help="Jacobi depth with --recurrence jacobi")
     probes.add_argument("--seed", type=int, default=0)
+    probes.add_argument("--no-save-heads", action="store_true",
+                        help="do not write the trained heads to OUT/probe_heads/ (model.safetensors + model.json, "
+                             "baseline.*)")
     _common(probes)
 
     gates = _add(sub, "gates", _gates)

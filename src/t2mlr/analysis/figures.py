@@ -5,7 +5,8 @@
 * `plot_jacobi_vs_exact` (table jacobi_vs_exact): the five validation losses side by side, and each
   arm's validation loss during training.
 * `plot_probes` (table future-token-prediction): probe loss against block, one line per model and offset,
-  the recurrent blocks shaded.
+  the recurrent blocks shaded; with offsets t+1 … t+K, beside it the model − baseline difference per layer
+  against the offset.
 * `plot_jacobi_depths`: a trained model's Jacobi path against its exact path at each evaluation depth.
 * `plot_gates` (figure gamma-step): γ_cur and γ_rec against training step, one line per run.
 * `plot_placement` (figure loss_vs_lstart, table layer_location): validation loss against l_start, the
@@ -107,27 +108,50 @@ def plot_jacobi_depths(rows: Sequence[Any], path: str | Path, title: str = "") -
 
 
 def plot_probes(curves: Mapping[tuple[str, int], Mapping[int, float]], path: str | Path, num_layers: int,
-                placement: tuple[int, int] | None = None) -> Path:
-    """Probe loss against block: one colour per model, one line style per offset; each tick also names
-    the layer counted back from the LM head (ℓ−1 = the last block), as the paper's table does."""
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+                placement: tuple[int, int] | None = None,
+                differences: Mapping[int, Mapping[str, float]] | None = None) -> Path:
+    """Probe loss against block: one colour per model, one line style and marker per offset; each tick
+    also names the layer counted back from the LM head (ℓ−1 = the last block), as the paper's table does.
+    With several offsets a second panel runs along the offset (t+1 … t+K): the model − baseline difference
+    per layer when `differences` ({offset: {layer name: difference}}) is given, else each model's loss at ℓ−1."""
     models = list(dict.fromkeys(model for model, _ in curves))
     offsets = sorted({offset for _, offset in curves})
-    styles = ["-", "--", ":", "-."]
+    fig, axes = plt.subplots(1, 2 if len(offsets) > 1 else 1, figsize=(13 if len(offsets) > 1 else 7.5, 4.5),
+                             squeeze=False)
+    ax = axes[0][0]
+    styles, markers = ["-", "--", ":", "-."], ["o", "s", "^", "v", "D", "P", "X", "*"]
     if placement is not None:
         ax.axvspan(placement[0] - 0.5, placement[1] + 0.5, color="0.92", zorder=0, label="T²MLR recurrent blocks")
     for (model, offset), losses in curves.items():
         blocks = sorted(losses)
-        ax.plot(blocks, [losses[b] for b in blocks], marker="o", markersize=3,
-                color=f"C{models.index(model)}", linestyle=styles[offsets.index(offset) % len(styles)],
-                label=f"{model}, x(t+{offset})")
+        index = offsets.index(offset)
+        ax.plot(blocks, [losses[b] for b in blocks], marker=markers[index % len(markers)], markersize=3,
+                color=f"C{models.index(model)}", linestyle=styles[index % len(styles)], label=f"{model}, x(t+{offset})")
     probed = sorted({b for losses in curves.values() for b in losses})
     ax.set_xticks(probed, [f"{b}\nℓ−{num_layers + 1 - b}" for b in probed])
     ax.set_xlim(probed[0] - 0.6, probed[-1] + 0.6)
     ax.set(xlabel="block (top) = layer counted back from the LM head (bottom; ℓ−1 after the final norm)",
            ylabel="held-out probe loss (nats/token)", title="future-token probes")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    if len(offsets) > 1:
+        by_offset = axes[0][1]
+        if differences is not None:
+            layers = list(dict.fromkeys(layer for k in offsets for layer in differences[k]))
+            by_offset.axhline(0.0, color="grey", linewidth=0.8)
+            for index, layer in enumerate(layers):
+                by_offset.plot(offsets, [differences[k][layer] for k in offsets], marker=markers[index % len(markers)],
+                               color=f"C{index}", label=layer)
+            by_offset.set(ylabel=f"{models[0]} − {models[1]} probe loss (nats/token)",
+                          title="difference against offset (below 0: the model anticipates better)")
+        else:
+            for model in models:
+                last = [curves[(model, k)][max(curves[(model, k)])] for k in offsets]
+                by_offset.plot(offsets, last, marker="o", color=f"C{models.index(model)}", label=model)
+            by_offset.set(ylabel="held-out probe loss at ℓ−1 (nats/token)", title="loss against offset (last block)")
+        by_offset.set_xticks(offsets, [f"t+{k}" for k in offsets])
+        by_offset.set_xlabel("probed token")
+    for panel in axes[0]:
+        panel.grid(alpha=0.3)
+        panel.legend(fontsize=7, ncol=2 if len(curves) > 4 else 1)
     return save_figure(fig, path)
 
 
