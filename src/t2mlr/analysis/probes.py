@@ -51,6 +51,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -63,6 +64,7 @@ from t2mlr.analysis.common import (
     model_batches,
     model_inputs,
 )
+from t2mlr.analysis.figures import plot_probes
 from t2mlr.analysis.report import table, write_result
 from t2mlr.training.data import build_dataset
 
@@ -289,8 +291,6 @@ def save_probe_heads(heads: dict[int, dict[int, ProbeHead]], path: str | Path, d
                      results: dict[int, dict[int, ProbeResult]], num_layers: int) -> tuple[Path, Path]:
     """PATH.safetensors (every head's mean, spread and net parameters, named `offset{k}.block{b}.…`) and
     PATH.json (`description` plus, per head, its offset, block, layer name, tensor prefix and held-out loss)."""
-    from safetensors.torch import save_file
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tensors: dict[str, torch.Tensor] = {}
@@ -315,8 +315,6 @@ def save_probe_heads(heads: dict[int, dict[int, ProbeHead]], path: str | Path, d
 
 def load_probe_heads(path: str | Path) -> dict[int, dict[int, ProbeHead]]:
     """The heads `save_probe_heads` wrote (PATH.json or PATH.safetensors), per offset and block, ready to score."""
-    from safetensors.torch import load_file
-
     index = Path(path).with_suffix(".json")
     if not index.is_file():
         raise FileNotFoundError(f"{index}: no probe-head index here (t2mlr analyze probes writes OUT/{HEADS_DIR}/"
@@ -482,8 +480,6 @@ def run_probes(
     """Probe the `layers` blocks nearest the head (every block by default) of the model (and of the
     baseline) at every offset; write probes.md/.json/.png and, unless `save_heads` is off, the trained
     heads under OUT/probe_heads/."""
-    from t2mlr.analysis.figures import plot_probes
-
     offsets = check_offsets(offsets)
     if recurrence not in ("exact", "jacobi"):
         raise ValueError(f"--recurrence must be exact or jacobi, got {recurrence!r}")
