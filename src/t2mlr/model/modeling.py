@@ -175,6 +175,22 @@ class T2MLRPreTrainedModel(RunsBaseDecoder, PreTrainedModel):
         return self.config.forward_path(self.training, recurrence, **overrides)
 
 
+@dataclass(frozen=True)
+class PreparedChunk:
+    """One forward's chunk as every path of the middle block reads it, prepared once before any block runs: the
+    blocks' inputs (positions, masks, the KV cache), the token layout (real tokens, document starts), how many
+    tokens the cache held before (where R is read from), which tokens fuse R, the states a caller gives
+    (`initial_states`, `exact_states`) and where block outputs are recorded when hidden states are asked for."""
+
+    inputs: LayerInputs
+    layout: TokenLayout
+    past: int | torch.Tensor
+    recurrence_mask: torch.Tensor | None = None
+    initial_states: torch.Tensor | None = None
+    exact_states: bool = False
+    record: list | None = None
+
+
 @dataclass
 class ExactChunk:
     """What the exact path's solvers share over one forward's chunk: the middle block's inputs, the KV cache its
@@ -338,11 +354,11 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
         wanted = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
         record = [hidden] if wanted else None
 
+        chunk = PreparedChunk(inputs, layout, past, recurrence_mask, initial_states, exact_states, record)
+
         with AttentionRecorder(self.layers) if attentions_wanted else nullcontext() as attentions:
             hidden = self._run_layers(self.prefix_layer_indices(), hidden, inputs, record)
-            hidden, r_out, iterations, solve = self._middle(
-                path, hidden, inputs, layout, recurrence_mask, past, initial_states, exact_states, record
-            )
+            hidden, r_out, iterations, solve = self._middle(path, hidden, chunk)
             hidden = self.norm(self._run_layers(self.suffix_layer_indices(), hidden, inputs, record))
         if record is not None:
             record[-1] = hidden  # transformers' convention: the last entry is normed
@@ -366,45 +382,30 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
         return hidden
 
     def _middle(
-        self,
-        path: ForwardPath,
-        h_low: torch.Tensor,
-        inputs: LayerInputs,
-        layout: TokenLayout,
-        recurrence_mask: torch.Tensor | None,
-        past: int | torch.Tensor,
-        initial_states: torch.Tensor | None = None,
-        exact_states: bool = False,
-        record: list | None = None,
+        self, path: ForwardPath, h_low: torch.Tensor, chunk: PreparedChunk
     ) -> tuple[torch.Tensor, torch.Tensor | None, int | torch.Tensor | None, ExactSolveReport | None]:
         """Blocks l_start..l_end on the chosen path: their output, R after each token, Jacobi iterates, and
-        how the exact path solved R."""
+        how the exact path solved R. Every path reads R_in, the state the cache holds before the chunk."""
         if path.recurrence == "off":
-            return self._run_layers(self.middle_layer_indices(), h_low, inputs, record), None, None, None
-        cache = inputs.cache
+            return self._run_layers(self.middle_layer_indices(), h_low, chunk.inputs, chunk.record), None, None, None
+        cache = chunk.inputs.cache
         zero = h_low.new_zeros(h_low.shape[0], self.config.hidden_size)
-        r_in = zero if cache is None else cache.incoming_state(past, h_low)
+        r_in = zero if cache is None else cache.incoming_state(chunk.past, h_low)
         iterations, solve = None, None
         if path.recurrence == "exact" and path.bptt_window is not None and torch.is_grad_enabled():
-            h_end, r_out, solve = self._truncated_exact_middle(
-                h_low, r_in, inputs, layout, recurrence_mask, path, past, record
-            )
+            h_end, r_out, solve = self._truncated_exact_middle(h_low, r_in, chunk, path)
         elif path.recurrence == "exact" or h_low.shape[1] == 1:  # one token: the Jacobi fixed point at once
-            h_end, r_out, solve = self._solved_exact_middle(h_low, r_in, inputs, layout, recurrence_mask, path, record)
-        elif past > 0:
+            h_end, r_out, solve = self._solved_exact_middle(h_low, r_in, chunk, path)
+        elif chunk.past > 0:
             raise ValueError(
                 "Jacobi over a multi-token chunk needs an empty cache (it is a prefill); continue a "
                 "cached sequence with recurrence='exact' or one token at a time"
             )
-        elif exact_states:
-            h_end, r_out = self._replayed_middle(
-                h_low, r_in, inputs, layout, recurrence_mask, path.d_backward, initial_states, record
-            )
+        elif chunk.exact_states:
+            h_end, r_out = self._replayed_middle(h_low, r_in, chunk, path.d_backward, chunk.initial_states)
             iterations = path.d_backward
         else:
-            h_end, r_out, iterations = self._jacobi_middle(
-                h_low, r_in, inputs, layout, recurrence_mask, path, initial_states, record
-            )
+            h_end, r_out, iterations = self._jacobi_middle(h_low, r_in, chunk, path)
         if cache is not None:
             cache.append_recurrent_states(r_out)
         return h_end, r_out, iterations, solve
@@ -469,14 +470,7 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
         return None
 
     def _solved_exact_middle(
-        self,
-        h_low: torch.Tensor,
-        r_in: torch.Tensor,
-        inputs: LayerInputs,
-        layout: TokenLayout,
-        recurrence_mask: torch.Tensor | None,
-        path: ForwardPath,
-        record: list | None = None,
+        self, h_low: torch.Tensor, r_in: torch.Tensor, prepared: PreparedChunk, path: ForwardPath
     ) -> tuple[torch.Tensor, torch.Tensor, ExactSolveReport]:
         """The exact path: the middle block's outputs and R after each token, solved by `path.exact_solver`.
 
@@ -485,9 +479,9 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
         `fixed_point_chunk` tokens and settles each by Jacobi passes over the span (`_settle_span`),
         attending to the earlier spans' keys in the cache; under "auto", once a span has fallen back to the
         sequential step, the rest of the chunk runs sequentially (the model's R does not settle fast)."""
-        middle = self.middle_layer_indices()
+        middle, inputs, record = self.middle_layer_indices(), prepared.inputs, prepared.record
         chunk = ExactChunk(
-            h_low, inputs, layout, recurrence_mask,
+            h_low, inputs, prepared.layout, prepared.recurrence_mask,
             cache=inputs.cache if inputs.cache is not None else DynamicCache(),
             offsets={i: chunk_kv_offset(inputs.cache, i) for i in middle},
             per_layer={i: [] for i in middle} if record is not None else None,
@@ -602,15 +596,7 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
                 passes, len(rest))
 
     def _truncated_exact_middle(
-        self,
-        h_low: torch.Tensor,
-        r_in: torch.Tensor,
-        inputs: LayerInputs,
-        layout: TokenLayout,
-        recurrence_mask: torch.Tensor | None,
-        path: ForwardPath,
-        past: int | torch.Tensor,
-        record: list | None = None,
+        self, h_low: torch.Tensor, r_in: torch.Tensor, chunk: PreparedChunk, path: ForwardPath
     ) -> tuple[torch.Tensor, torch.Tensor, ExactSolveReport]:
         """The exact path with truncated backpropagation through time (docs/semantics.md §5.1).
 
@@ -619,39 +605,30 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
         whole chunk whose backward is that of `bptt_window` Jacobi iterates at the fixed point. The values
         are the exact path's, and the loss at token t reaches back through R to tokens t-1 .. t-bptt_window
         only (window 1: R detached after every token)."""
-        if past > 0:
+        if chunk.past > 0:
             raise ValueError(
                 "bptt_window applies to a chunk that starts its sequence, not to one continuing a cache: "
                 "continue it under torch.no_grad(), or pass bptt_window=None"
             )
         with torch.no_grad():  # detached: a view of a graph tensor made under no_grad still requires grad
-            _, exact_states, report = self._solved_exact_middle(
-                h_low.detach(), r_in, inputs.without_cache(), layout, recurrence_mask, path
-            )
-        h_end, r_out = self._replayed_middle(
-            h_low, r_in, inputs, layout, recurrence_mask, path.bptt_window, exact_states, record
-        )
+            solving = replace(chunk, inputs=chunk.inputs.without_cache(), record=None)
+            _, exact_states, report = self._solved_exact_middle(h_low.detach(), r_in, solving, path)
+        h_end, r_out = self._replayed_middle(h_low, r_in, chunk, path.bptt_window, exact_states)
         return h_end, r_out, report
 
     def _replayed_middle(
-        self,
-        h_low: torch.Tensor,
-        r_in: torch.Tensor,
-        inputs: LayerInputs,
-        layout: TokenLayout,
-        recurrence_mask: torch.Tensor | None,
-        depth: int,
-        states: torch.Tensor,
-        record: list | None = None,
+        self, h_low: torch.Tensor, r_in: torch.Tensor, chunk: PreparedChunk, depth: int, states: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Replay from exact states: one fused pass of the middle block reading them; with gradients on, its
         backward is that of `depth` Jacobi iterates at this fixed point (`FixedPointBackward`)."""
         if torch.is_grad_enabled():
             self._check_replay_checkpointing()
+        layout = chunk.layout
         latest_real = latest_real_index(layout.real)
         r_given = states.to(h_low.dtype).detach().requires_grad_(torch.is_grad_enabled())
         r_read = states_read(r_given, r_in, latest_real, layout.document_start)
-        h_end = self._run_layers(self.middle_layer_indices(), self._fuse(h_low, r_read, recurrence_mask), inputs, record)
+        fused = self._fuse(h_low, r_read, chunk.recurrence_mask)
+        h_end = self._run_layers(self.middle_layer_indices(), fused, chunk.inputs, chunk.record)
         r_written = self._write_state(h_end, r_read, layout.real)
         if torch.is_grad_enabled():
             h_end, r_written = FixedPointBackward.apply(h_end, r_written, r_given, depth)
@@ -669,15 +646,7 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
 
     # ----------------------------------------------------------------------------- Jacobi path
     def _jacobi_middle(
-        self,
-        h_low: torch.Tensor,
-        r_in: torch.Tensor,
-        inputs: LayerInputs,
-        layout: TokenLayout,
-        recurrence_mask: torch.Tensor | None,
-        path: ForwardPath,
-        initial_states: torch.Tensor | None = None,
-        record: list | None = None,
+        self, h_low: torch.Tensor, r_in: torch.Tensor, chunk: PreparedChunk, path: ForwardPath
     ) -> tuple[torch.Tensor, torch.Tensor, int]:
         """Cache iterates R<1>..R<d_forward>, then the final (cached) pass of the middle block.
 
@@ -687,7 +656,8 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
         With `initial_states` (R after every token, given), R<0> is read from them and every iterate,
         the first included, is a fused pass: there is no seed pass.
         """
-        middle, no_cache = self.middle_layer_indices(), inputs.without_cache()
+        middle, no_cache = self.middle_layer_indices(), chunk.inputs.without_cache()
+        layout, recurrence_mask, initial_states = chunk.layout, chunk.recurrence_mask, chunk.initial_states
         latest_real = latest_real_index(layout.real)
 
         def iterate(r_read: torch.Tensor, seed: bool) -> torch.Tensor:
@@ -714,7 +684,7 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
         for step in range(path.d_backward):  # the seed is here only when no detached iterate ran
             r_read = iterate(r_read, seed=seeded and detached == 0 and step == 0)
         iterations = iterations + path.d_backward
-        h_end = self._run_layers(middle, self._fuse(h_low, r_read, recurrence_mask), inputs, record)
+        h_end = self._run_layers(middle, self._fuse(h_low, r_read, recurrence_mask), chunk.inputs, chunk.record)
         r_out = gather_states(self._write_state(h_end, r_read, layout.real), r_in, latest_real)
         return h_end, r_out, iterations
 
