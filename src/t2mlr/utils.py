@@ -9,6 +9,8 @@
 * `load_tokenizer`: a Hugging Face tokenizer from a directory, a bare tokenizer.json or a hub id, with
   errors that say what is missing; `prompt_ids`: a prompt's token ids as training and generation read it.
 * `launched_by_torchrun`: read from the environment, so a command refuses a launch before torch loads.
+* `check_model_dir`: a saved model directory exists and holds a config (`ModelDirectoryError`), answered before
+  torch loads.
 * `fsync_directory`, `write_text_atomic`, `sha256_of_file`: the durable writes and checksums that checkpoints
   and tokenized corpora share; `exit_when_orphaned`: how their worker processes end with their parent.
 """

@@ -29,7 +29,7 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from t2mlr.settings import ARCHITECTURE_SETTINGS, settings_fields
+from t2mlr.settings import ARCHITECTURE_SETTINGS, DEFAULT_FUSION_WEIGHT, settings_fields
 from t2mlr.utils import check_known_names, nearest_name, signature_fields
 
 PRESET_DIRS = (
@@ -817,7 +817,6 @@ def _validate_model(m: ModelConfig) -> None:
 def _check_retrofit_fusion(settings: dict[str, Any]) -> None:
     """model.pretrained retrofits T²MLR around a trained model, which must start as that model: a fusion
     variant that is not the identity when fresh is refused here, before anything is loaded."""
-    from t2mlr.settings import DEFAULT_FUSION_WEIGHT
     from t2mlr.model.fusion import check_retrofit_fusion
 
     try:
