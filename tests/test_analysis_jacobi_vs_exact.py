@@ -43,6 +43,7 @@ def test_the_transformer_arm_is_parameter_matched() -> None:
     assert transformer.config.hidden_size > 64  # widened from the debug preset's 64
 
 
+@pytest.mark.slow
 def test_command_trains_three_arms_evaluates_both_paths_and_resumes(tmp_path, capsys) -> None:
     out = tmp_path / "jve"
     # Jacobi evaluation at depth 65 >= seq_len + 1: it must equal the exact evaluation (float32)

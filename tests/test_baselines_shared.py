@@ -257,6 +257,7 @@ def test_train_step_flops_match_torch_flop_counter() -> None:
         assert counted_flops(step) == 2 * train_step_flops(model.config, 6, pairs=full_pairs), type(model).__name__
 
 
+@pytest.mark.slow
 def test_flop_model_at_the_135m_shape_gives_the_papers_cost_order() -> None:
     """Decoding: T²MLR ≈ the Transformer, looping and pauses cost more (pauses growing with the context);
     these are the FLOP ratios the benchmarks print next to the measured ones."""

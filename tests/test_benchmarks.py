@@ -72,6 +72,7 @@ def test_decode_benchmark_times_t2mlr_against_its_own_base_too(capsys: pytest.Ca
     assert settings["max_cache_len"] == 6
 
 
+@pytest.mark.slow
 def test_decode_benchmark_runs_both_models_on_static_caches(capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 19's setting: both models decode with preallocated caches (here uncompiled; the compiled step is
     tested in test_compile.py); --compile without a static cache, or static with --models, is refused."""
@@ -93,6 +94,7 @@ def test_decode_benchmark_runs_both_models_on_static_caches(capsys: pytest.Captu
     assert settings["compile_config"].fullgraph
 
 
+@pytest.mark.slow
 def test_decode_benchmark_compares_models_with_their_flop_ratio(capsys: pytest.CaptureFixture[str]) -> None:
     load_script("decode_overhead").main(["--hidden", "64", "--lengths", "3", "--repeats", "1",
                                          "--models", "t2mlr:2-3,pause:2,looped:full:2,looped:2-3:3,transformer"])
@@ -146,6 +148,7 @@ def test_prefill_benchmark_on_a_trained_checkpoint(corpus_and_checkpoint, capsys
     assert float(rows["jacobi d=20 tol 1e-06"][5]) <= 1e-4
 
 
+@pytest.mark.slow
 def test_train_overhead_on_a_trained_checkpoint_with_corpus_data(corpus_and_checkpoint, tmp_path: Path) -> None:
     corpus, checkpoint = corpus_and_checkpoint
     report = tmp_path / "overhead.json"
@@ -164,6 +167,7 @@ def test_train_overhead_on_a_trained_checkpoint_with_corpus_data(corpus_and_chec
         assert result["memory_bytes"][name] > 0 and 0 < timing[name]["first_step_loss"] < 20
 
 
+@pytest.mark.slow
 def test_t2mlr_decode_step_traces_as_one_graph(capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 19's compiled decode step: dynamo must trace T²MLR's step whole (no host sync, no branch on a
     computed value), as it does the Transformer's; a break reintroduced in the decode path fails here."""
@@ -191,6 +195,7 @@ def test_explain_reports_a_graph_break() -> None:
     assert report["breaks"] >= 1 and report["graphs"] >= 2
 
 
+@pytest.mark.slow
 def test_exact_solver_benchmark_runs_on_a_random_shape_and_a_checkpoint(tmp_path: Path,
                                                                         capsys: pytest.CaptureFixture[str]) -> None:
     """The random 12x256 model, then a saved model reading a task's packed rows: each solver's row with

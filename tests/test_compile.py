@@ -50,6 +50,7 @@ def left_padded(ids: torch.Tensor, pads: int) -> torch.Tensor:
     return mask
 
 
+@pytest.mark.slow
 def test_jacobi_forward_is_one_graph_with_the_eager_outputs() -> None:
     model = small_model()
     ids = random_ids(2, 6)
@@ -65,6 +66,7 @@ def test_jacobi_forward_is_one_graph_with_the_eager_outputs() -> None:
     assert eager.jacobi_iterations == graph.jacobi_iterations == 4
 
 
+@pytest.mark.slow
 def test_jacobi_early_stop_runs_on_the_device_with_the_eager_iterates() -> None:
     """With jacobi_tol the detached loop stops once R settles: eager reads the largest move back to the
     host, the compiled graph tests it inside a while_loop. Both must stop at the same iterate."""
@@ -85,6 +87,7 @@ def test_jacobi_early_stop_runs_on_the_device_with_the_eager_iterates() -> None:
     torch.testing.assert_close(graph.logits, eager.logits, rtol=0, atol=TOL)
 
 
+@pytest.mark.slow
 def test_training_forward_is_one_graph_and_its_gradients_match() -> None:
     model = small_model().train()
     ids = random_ids(2, 6)
@@ -111,6 +114,7 @@ def _prefilled_cache(model: T2MLRForCausalLM, ids: torch.Tensor, mask: torch.Ten
     return cache
 
 
+@pytest.mark.slow
 def test_decode_steps_with_a_t2mlr_cache_are_one_graph_each() -> None:
     """One-token steps continue an eagerly prefilled cache; the compiled step appends keys, values and R
     to its cache exactly as the eager step does (recompiles for the growing cache are allowed)."""
@@ -133,6 +137,7 @@ def test_decode_steps_with_a_t2mlr_cache_are_one_graph_each() -> None:
     torch.testing.assert_close(graph_cache.recurrent_states, eager_cache.recurrent_states, rtol=0, atol=TOL)
 
 
+@pytest.mark.slow
 def test_exact_chunk_continuing_a_cache_compiles() -> None:
     """A multi-token chunk after a cache (chunked prefill, assisted decoding's verification chunk) is
     never a packed row; under compile it must not be taken for one (which raised before)."""
@@ -221,6 +226,7 @@ def compile_in_a_fresh_process(root: Path, capability: str | None) -> tuple[str,
     return kernels, Path(folder)
 
 
+@pytest.mark.slow
 def test_inductor_keeps_compiled_code_apart_per_cpu_kernel_set(tmp_path: Path) -> None:
     """The test session's inductor cache is a folder of its own kernel set and torch version (conftest), so a
     run forced onto other kernels (ATEN_CPU_CAPABILITY) never loads code compiled for these: two processes

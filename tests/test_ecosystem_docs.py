@@ -54,6 +54,7 @@ def test_every_command_is_run_or_covered() -> None:
 
 
 @pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.slow
 def test_the_recipes_run_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -224,6 +224,7 @@ def test_miniature_run_writes_results_that_rescore(tmp_path: Path, task: str, ex
     assert not train_prompts & {r["prompt"] for r in rows}  # held out
 
 
+@pytest.mark.slow
 def test_results_record_each_arms_cpu_arithmetic(tmp_path: Path) -> None:
     """Two workers share --threads 2: each arm trains on one thread (as its checkpoint records), the
     evaluation runs on both, and results.json and results.md say so, with torch's CPU kernel set."""
@@ -359,6 +360,7 @@ def test_train_min_depth_mixes_training_depths_and_keeps_evaluation_at_depth() -
     assert {depth(r) for r in evaluation} == {3}
 
 
+@pytest.mark.slow
 def test_retrofit_tokenizer_comes_from_any_pretrained_source() -> None:
     """`--retrofit smollm2-135m-instruct` (a shortcut to a GGUF file, not a tokenizer directory) gets the GGUF's own
     tokenizer, with a pad id for left-padded batched generation."""

@@ -27,6 +27,7 @@ def tiny_run(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_tiny_pipeline_writes_the_table_and_curves(tiny_run: Path) -> None:
     results = json.loads((tiny_run / "results.json").read_text())
     cells = {(row["model"], row["path"].split()[0]) for row in results["results"]}

@@ -204,6 +204,7 @@ def test_cli_seed_reaches_the_data_and_the_training(tmp_path) -> None:
     assert runs[None][1] != runs[7][1]  # other held-out sequences
 
 
+@pytest.mark.slow
 def test_cli_workers_reach_the_schedule(tmp_path) -> None:
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers(dest="command"))

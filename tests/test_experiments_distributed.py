@@ -282,6 +282,7 @@ def test_widening_a_batch_leaves_the_exact_path_loss_and_its_gradients_unchanged
         torch.testing.assert_close(grads[1], grads[0], rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_periodic_evaluation_under_fsdp_on_rows_of_unequal_width_matches_one_process(tmp_path: Path) -> None:
     """`t2mlr train --parallel fsdp` with periodic evaluation on the exact path over S5 rows of unequal lengths
     (the ranks' evaluation batches differ in width, which stalls FSDP training steps until they are evened out):

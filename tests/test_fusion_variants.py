@@ -313,6 +313,7 @@ torch.save(logits, OUT)
 """
 
 
+@pytest.mark.slow
 def test_the_remote_code_copy_computes_each_variant_without_t2mlr(tmp_path: Path) -> None:
     """A saved variant loads with `trust_remote_code=True` where t2mlr is not installed, and computes the
     library's logits (the copy of `t2mlr.model.fusion` carries every variant)."""

@@ -119,6 +119,7 @@ def test_toy_task_loglikelihoods_equal_the_exact_forward_by_hand(model_dir, task
     assert results["config"]["t2mlr_recurrence"] == "exact"
 
 
+@pytest.mark.slow
 def test_jacobi_scores_follow_the_requested_depth(model_dir, task_manager) -> None:
     exact = dict(_scores(_evaluate(model_dir, task_manager, ["t2mlr_toy"], recurrence="exact")))
     deep = _evaluate(model_dir, task_manager, ["t2mlr_toy"], recurrence="jacobi", d_forward=32)
@@ -129,6 +130,7 @@ def test_jacobi_scores_follow_the_requested_depth(model_dir, task_manager) -> No
     assert max(abs(score - exact[args]) for args, score in _scores(shallow)) > 1e-3  # depth 1: approximate
 
 
+@pytest.mark.slow
 def test_the_fixed_point_solver_scores_as_the_sequential_loop_and_is_recorded(model_dir, task_manager) -> None:
     exact = dict(_scores(_evaluate(model_dir, task_manager, ["t2mlr_toy"], recurrence="exact")))
     solved = _evaluate(model_dir, task_manager, ["t2mlr_toy"], recurrence="exact", exact_solver="fixed_point")
@@ -200,6 +202,7 @@ def _check_against_the_exact_forward(results: dict, samples: list[dict]) -> None
     assert results["results"]["t2mlr_toy"]["acc,none"] == pytest.approx(sum(right) / len(right))
 
 
+@pytest.mark.slow
 def test_readme_eval_command_runs_without_a_device_option(model_dir, tmp_path) -> None:
     """`t2mlr eval run ... --tasks t2mlr_toy` as the README writes it (no --device): lm-eval's own default
     would be cuda:0; the wrapper picks CUDA if available, else the CPU, and scores with the exact path."""
@@ -212,6 +215,7 @@ def test_readme_eval_command_runs_without_a_device_option(model_dir, tmp_path) -
     _check_against_the_exact_forward(results, samples)
 
 
+@pytest.mark.slow
 def test_readme_module_command_runs_jacobi_without_a_device_option(model_dir, tmp_path) -> None:
     """`python -m t2mlr.evaluation run ... recurrence=jacobi,d_forward=16`: deeper than any toy request,
     so the scores are the exact ones."""
@@ -225,6 +229,7 @@ def test_readme_module_command_runs_jacobi_without_a_device_option(model_dir, tm
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.slow
 def test_a_cuda_device_on_a_machine_without_cuda_is_a_clear_error(model_dir, capsys) -> None:
     argv = ["eval", "run", "--model", "t2mlr", "--model_args", f"pretrained={model_dir}", "--tasks", "t2mlr_toy",
             "--device", "cuda"]
@@ -331,6 +336,7 @@ def _stock_lm_eval(model_dir: Path, out: Path, tasks: str, *extra: str) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_stock_lm_eval_scores_a_saved_model_as_the_t2mlr_models_exact_path(task_manager, tmp_path) -> None:
     """`lm_eval --model hf ... trust_remote_code=True` on a saved T²MLR model (whose config evaluates on the
     exact path, the default): every logged score equals `--model t2mlr` with recurrence=exact, and the
@@ -351,6 +357,7 @@ def test_stock_lm_eval_scores_a_saved_model_as_the_t2mlr_models_exact_path(task_
     assert stock["results"]["t2mlr_toy"]["acc,none"] == ours["results"]["t2mlr_toy"]["acc,none"]
 
 
+@pytest.mark.slow
 def test_stock_lm_eval_runs_on_a_debug_runs_checkpoint(tmp_path, monkeypatch) -> None:
     """The debug preset (synthetic token ids) saves the tokenizer `t0 .. t63` with BOS and EOS, the ids its
     model config names: stock lm-eval scores and generates with it."""

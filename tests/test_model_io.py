@@ -156,6 +156,7 @@ def saved_tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
+@pytest.mark.slow
 def test_importing_the_model_registers_the_auto_classes_and_a_bare_import_stays_light(
     saved_tiny: Path, tmp_path: Path
 ) -> None:
@@ -180,6 +181,7 @@ def test_importing_the_model_registers_the_auto_classes_and_a_bare_import_stays_
     assert without.returncode != 0 and "trust_remote_code" in without.stderr  # the model's import registers it
 
 
+@pytest.mark.slow
 def test_without_the_import_trust_remote_code_loads_the_same_model(saved_tiny: Path) -> None:
     out = _load_in_fresh_process(saved_tiny, (
         "import sys, torch\nfrom transformers import AutoModelForCausalLM\n"
@@ -194,6 +196,7 @@ def test_without_the_import_trust_remote_code_loads_the_same_model(saved_tiny: P
     assert float(out.stdout.split()[-1]) == pytest.approx(expected.logits.double().sum().item(), abs=1e-9)
 
 
+@pytest.mark.slow
 def test_a_model_loaded_through_auto_map_saves_with_the_same_auto_map(saved_tiny: Path, tmp_path: Path) -> None:
     """transformers marks a class it loaded through `auto_map` and would copy its module into later saves,
     pointing `auto_map` at that copy (past the entry modules); the saved directory names the entry modules

@@ -94,6 +94,7 @@ def fresh_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return python
 
 
+@pytest.mark.slow
 def test_a_saved_directory_runs_in_an_environment_without_t2mlr(fresh_python: Path, tmp_path: Path) -> None:
     model = tiny_model(dtype=torch.float32)  # gates open: the recurrence changes every logit
     model.save_pretrained(tmp_path / "saved")

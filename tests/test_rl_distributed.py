@@ -21,6 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -107,6 +108,7 @@ def save_policy(directory: Path) -> None:
     open_gates(T2MLRForCausalLM(T2MLRConfig.from_base(base, l_start=2, l_end=3)), cur=0.5, rec=-0.8).save_pretrained(directory)
 
 
+@pytest.mark.slow
 def test_two_processes_train_as_one(tmp_path, one_torch_thread) -> None:
     save_policy(tmp_path / "policy")
     single = train(str(tmp_path / "policy"), str(tmp_path / "one"))

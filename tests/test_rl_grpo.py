@@ -67,6 +67,7 @@ def test_the_command_runs_and_draws_the_curve(tmp_path, capsys) -> None:
     assert main(["rl", "grpo", "grpo_tiny", "--out", str(out), "--resume", "grpo.beta=0.1"]) == 2  # another config
 
 
+@pytest.mark.slow
 def test_a_resumed_run_repeats_the_uninterrupted_one(tmp_path) -> None:
     overrides = ["logging.progress_bar=false", "eval.every=0", "checkpoint.every=0", "grpo.prompts_per_step=8",
                  "train.seed=1"]  # a seed whose step 4 samples a rewarded completion, so a gradient moves the policy
@@ -107,6 +108,7 @@ def load_benchmark(name: str):
     return module
 
 
+@pytest.mark.slow
 def test_readme_rl_commands_at_a_tiny_scale(tmp_path, capsys) -> None:
     """The README's chain at a tiny scale: SFT warm-up with the trainer, GRPO from its policy, the replay
     benchmark (timing and gradient fidelity on that checkpoint) and the stale-state measurement."""

@@ -36,6 +36,7 @@ def _checkpoint(out: Path, name: str) -> Path:
     return checkpoints / (checkpoints / LATEST).read_text().strip()
 
 
+@pytest.mark.slow
 def test_side_by_side_and_one_after_another_give_identical_numbers(tmp_path) -> None:
     side = tmp_path / "side_by_side"
     run_experiment(side, 6, models=MODELS, workers=2)  # spawned worker processes

@@ -67,6 +67,7 @@ def _interrupt_at(monkeypatch, model: str, step: int) -> None:
 
 
 @pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.slow
 def test_resume_continues_mid_training_to_the_same_numbers(tmp_path, monkeypatch) -> None:
     # checkpoints at 8, 16, 24; metrics every 10 steps (and the last): a stop at step 23 leaves step 20's
     # record past the step-16 checkpoint, which the resumed run must cut and write again
@@ -94,6 +95,7 @@ def test_resume_continues_mid_training_to_the_same_numbers(tmp_path, monkeypatch
 
 
 @pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.slow
 def test_checkpoints_change_no_number(tmp_path) -> None:
     run_experiment(tmp_path / "final_only", 5, workers=1, models=("t2mlr",))
     run_experiment(tmp_path / "every_step", 5, 1, workers=1, models=("t2mlr",))

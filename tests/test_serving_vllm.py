@@ -47,6 +47,7 @@ from t2mlr.model.checkpoint_keys import LEGACY_PREFIXES, current_key, is_legacy
 from test_readme_commands import block_commands  # the project's reader of a page's command lines
 
 pytestmark = [
+    pytest.mark.slow,  # vLLM engines in worker processes
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                        reason="vLLM is not installed (CI installs it in .ci/run; docs/serving.md)"),
     pytest.mark.usefixtures("one_torch_thread_per_module"),

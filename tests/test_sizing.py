@@ -182,6 +182,7 @@ def test_options_that_do_not_go_together_exit_2(capsys, argv: list[str], message
     assert code == 2 and message in err
 
 
+@pytest.mark.slow
 def test_every_dry_run_in_docs_scale_runs_as_written(capsys) -> None:
     blocks = re.findall(r"```bash\n(.*?)```", DOCS.read_text(encoding="utf-8"), re.DOTALL)
     commands = [line.split("  #")[0].strip() for block in blocks for line in block.splitlines() if "--dry-run" in line]

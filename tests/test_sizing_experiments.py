@@ -168,6 +168,7 @@ def test_sizing_options_without_dry_run_are_refused(tmp_path, capsys) -> None:
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow
 def test_the_issue_command_from_a_shell(tmp_path) -> None:
     """The issue's command line, run as a user runs it (its own process, in an empty directory): the table, the
     sum over the arms, the experiment's torchrun line, and nothing written."""

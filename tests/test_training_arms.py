@@ -71,6 +71,7 @@ def _arms() -> list:
             arm_from_tree(tree, "full", "full", ["model.l_start=1", "model.l_end=4"], directory="t2mlr_full", threads=1)]
 
 
+@pytest.mark.slow
 def test_worker_processes_train_what_one_process_trains(tmp_path) -> None:
     alone, _ = train_arms(_arms(), tmp_path / "alone", workers=1)
     side_by_side, failed = train_arms(_arms(), tmp_path / "side", workers=2)
@@ -85,6 +86,7 @@ def test_worker_processes_train_what_one_process_trains(tmp_path) -> None:
         assert side_by_side[name].seconds == optimizer_step_seconds(read_metrics(side_by_side[name].run_dir)) > 0
 
 
+@pytest.mark.slow
 def test_a_failing_run_raises_in_the_caller(tmp_path) -> None:
     (tmp_path / "middle").write_text("a file where the run directory should go\n")
     with pytest.raises(FileExistsError):

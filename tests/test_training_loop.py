@@ -60,6 +60,7 @@ def final_state(cfg: TrainConfig, run: Path) -> tuple[list[float], dict[str, tor
     return result.losses, {k: v.clone() for k, v in trainer.model.state_dict().items()}
 
 
+@pytest.mark.slow
 def test_debug_preset_loss_falls_well_below_start(tmp_path: Path) -> None:
     cfg = load_config("debug", ["logging.progress_bar=false", "checkpoint.every=0", "checkpoint.save_final=false"])
     result = train(cfg, tmp_path / "debug")

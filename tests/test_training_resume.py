@@ -114,6 +114,7 @@ def test_a_checkpoint_without_a_step_time_continues_from_the_records_estimate(tm
     assert 10_000.0 < after[0] < 10_010.0
 
 
+@pytest.mark.slow
 def test_a_resume_on_other_arithmetic_warns_that_it_will_not_replay(tmp_path: Path) -> None:
     """The checkpoint records its CPU thread count and torch's CPU kernel set; resuming on another count or
     another kernel set (another CPU: planted here by editing the record) still trains, and train.log says the
@@ -185,6 +186,7 @@ def test_a_run_with_no_resumable_checkpoint_says_why(tmp_path: Path, capsys) -> 
     assert "no checkpoint" in err and "optimizer.pt has 6 bytes" in err
 
 
+@pytest.mark.slow
 def test_checkpoints_and_the_final_directory_hold_config_and_tokenizer_and_load(tmp_path: Path) -> None:
     words = [f"w{i}" for i in range(20)]
     tokenizer = build_word_tokenizer(words)

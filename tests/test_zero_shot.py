@@ -120,6 +120,7 @@ def lm_eval_reference(model_dir: Path, data: Path, include: Path, **model_args: 
                                    batch_size=4, log_samples=False)
 
 
+@pytest.mark.slow
 def test_local_copies_score_as_lm_eval_scores_the_same_data(model_dir, local_data, tmp_path) -> None:
     tasks = (TASKS["arc_easy"], TASKS["winogrande"])
     rows = run_zero_shot([str(model_dir)], tmp_path / "out", data_dir=local_data, batch_size=4, device="cpu",
