@@ -142,6 +142,7 @@ def test_a_span_that_hits_the_cap_warns_once_and_auto_goes_sequential():
     with pytest.warns(UserWarning, match="had not settled") as caught:
         fixed = exact_forward(model, ids, "fixed_point")
     assert len(caught) == 1
+    assert caught[0].filename == __file__  # the warning names the caller's line, not the library's
     assert fixed[0].exact_solve.summary()["fallback_chunks"] == 3
     assert fixed[0].exact_solve.sequential_tokens == [2, 2, 2]
     with pytest.warns(UserWarning, match="rest of the forward ran sequentially"):

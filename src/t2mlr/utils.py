@@ -23,6 +23,7 @@ import hashlib
 import importlib
 import inspect
 import os
+import sys
 import time
 import typing
 from collections.abc import Callable, Iterable, Sequence
@@ -219,6 +220,19 @@ def lazy_names(package: str, homes: dict[str, str]) -> Callable[[str], Any]:
         raise AttributeError(f"module {package!r} has no attribute {name!r}")
 
     return load
+
+
+LIBRARY_PACKAGES = ("t2mlr", "torch", "transformers", "transformers_modules")  # frames a warning skips
+
+
+def caller_stacklevel() -> int:
+    """The `stacklevel` that makes a `warnings.warn` in the calling function name the first line outside t2mlr,
+    torch and transformers (the user's call), however many wrappers (`nn.Module.__call__`, transformers'
+    decorators, a remote-code copy) lie between."""
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").partition(".")[0] in LIBRARY_PACKAGES:
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def nearest_name(name: str, valid: Iterable[str], cutoff: float = 0.6) -> str | None:

@@ -38,7 +38,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, DynamicCac
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.utils.generic import can_return_tuple
 
-from t2mlr.utils import check_known_names
+from t2mlr.utils import caller_stacklevel, check_known_names
 
 from . import checks
 from .cache import T2MLRCache, T2MLRStaticCache
@@ -848,7 +848,7 @@ def _warn_fallback(report: ExactSolveReport, path: ForwardPath) -> None:
         f"exact_solver: {report.fallbacks()} of {len(report.starts)} chunks had not settled to fixed_point_tol="
         f"{path.fixed_point_tol} after fixed_point_cap={path.fixed_point_cap} passes; {then}. The result is exact; "
         "the output's exact_solve counts the passes (a model whose R settles slowly gains nothing from fixed_point)",
-        stacklevel=5,
+        stacklevel=caller_stacklevel(),
     )
 
 
