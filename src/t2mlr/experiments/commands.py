@@ -323,10 +323,9 @@ def _run_s5_evidence(args: argparse.Namespace) -> Any:
     for variant in DESIGNS.get(args.preset, ()):  # a typo is reported before torch loads
         check_before_loading(preset_config("s5", variant.preset), overrides, data_files=False, sections={"task": S5Task},
                              rules=False)
-    from t2mlr.experiments.s5_evidence import run_study  # checked: now the heavy part
-    if args.dry_run:
-        from t2mlr.experiments.s5_evidence import dry_run_arms
+    from t2mlr.experiments.s5_evidence import dry_run_arms, run_study  # checked: now the heavy part
 
+    if args.dry_run:
         if args.devices is not None and args.devices > 1:
             raise ValueError(f"--devices {args.devices}: the study trains in one process and its own workers, not "
                              "under torchrun; size it on one device (or size its arms with s5-retrieval --models)")

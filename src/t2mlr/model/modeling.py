@@ -193,30 +193,29 @@ class PreparedChunk:
 
 @dataclass
 class ExactChunk:
-    """What the exact path's solvers share over one forward's chunk: the middle block's inputs, the KV cache its
-    keys go to (with each middle layer's first key column in the chunk's masks), and where per-layer outputs
-    are collected when hidden states are asked for."""
+    """What the exact path's solvers share over one forward's chunk, beside the prepared chunk itself: the middle
+    block's input, the KV cache its keys go to (with each middle layer's first key column in the chunk's masks),
+    and where per-layer outputs are collected when hidden states are asked for."""
 
     h_low: torch.Tensor
-    inputs: LayerInputs
-    layout: TokenLayout
-    recurrence_mask: torch.Tensor | None
+    prepared: PreparedChunk
     cache: DynamicCache
     offsets: dict[int, int]
     per_layer: dict[int, list[torch.Tensor]] | None
 
     def mask(self, layer: int, rows: slice) -> Any:
         """Layer `layer`'s mask for the chunk's tokens `rows`, against the keys its cache holds once they are written."""
-        return rows_mask(self.inputs.masks[layer], rows, self.cache, layer, self.offsets[layer])
+        return rows_mask(self.prepared.inputs.masks[layer], rows, self.cache, layer, self.offsets[layer])
 
     def span_inputs(self, rows: slice) -> LayerInputs:
         """The middle blocks' inputs for the chunk's tokens `rows` run at once, writing to the chunk's cache (the
         other blocks' masks are left out: they do not run on a span)."""
-        cos, sin = self.inputs.position_embeddings
+        inputs = self.prepared.inputs
+        cos, sin = inputs.position_embeddings
         return replace(
-            self.inputs,
-            masks=[self.mask(i, rows) if i in self.offsets else None for i in range(len(self.inputs.masks))],
-            position_ids=self.inputs.position_ids[:, rows],
+            inputs,
+            masks=[self.mask(i, rows) if i in self.offsets else None for i in range(len(inputs.masks))],
+            position_ids=inputs.position_ids[:, rows],
             position_embeddings=(cos[:, rows], sin[:, rows]),
             cache=self.cache,
         )
@@ -481,7 +480,7 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
         sequential step, the rest of the chunk runs sequentially (the model's R does not settle fast)."""
         middle, inputs, record = self.middle_layer_indices(), prepared.inputs, prepared.record
         chunk = ExactChunk(
-            h_low, inputs, prepared.layout, prepared.recurrence_mask,
+            h_low, prepared,
             cache=inputs.cache if inputs.cache is not None else DynamicCache(),
             offsets={i: chunk_kv_offset(inputs.cache, i) for i in middle},
             per_layer={i: [] for i in middle} if record is not None else None,
@@ -516,7 +515,7 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
     def _exact_rows(self, chunk: "ExactChunk", r_prev: torch.Tensor, rows: range) -> tuple[torch.Tensor, torch.Tensor]:
         """The sequential step over tokens `rows` of the chunk, from R = `r_prev` before the first: each token
         reads R, runs the middle block with the KV cache, writes R. Returns the outputs and R after each."""
-        inputs, layout, recurrence_mask = chunk.inputs, chunk.layout, chunk.recurrence_mask
+        inputs, layout, recurrence_mask = chunk.prepared.inputs, chunk.prepared.layout, chunk.prepared.recurrence_mask
         decode_step = chunk.h_low.shape[1] == 1  # the chunk's own masks are already the step's masks
         cos, sin = inputs.position_embeddings
         outputs, r_out = [], []
@@ -553,9 +552,10 @@ class T2MLRModel(DecoderBackbone, T2MLRPreTrainedModel):
         the sequential step finishes the rest. Returns the outputs, R after each token, the fused passes
         taken and how many tokens the sequential step ran (0: settled)."""
         span = slice(rows.start, rows.stop)
-        size, middle, cache, layout = len(rows), self.middle_layer_indices(), chunk.cache, chunk.layout
+        size, middle, cache, layout = len(rows), self.middle_layer_indices(), chunk.cache, chunk.prepared.layout
         h_span, real, starts = chunk.h_low[:, span], layout.real[:, span], layout.document_start[:, span]
-        span_mask = None if chunk.recurrence_mask is None else chunk.recurrence_mask[:, span]
+        recurrence_mask = chunk.prepared.recurrence_mask
+        span_mask = None if recurrence_mask is None else recurrence_mask[:, span]
         latest_real = latest_real_index(real)
         inputs = chunk.span_inputs(span)
 
